@@ -1,0 +1,24 @@
+"""Block sizes for the flash programs: explicit, or the FlashAttention paper's rule.
+
+Paper (Dao et al. 2022, Algorithm 1, line 1): with M the SRAM size in elements,
+B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d). We clamp each to its sequence length, since a
+block longer than the sequence only reserves SRAM it never fills.
+"""
+from __future__ import annotations
+
+import math
+
+from hbmsim.simulator import HbmsimError
+
+
+def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q: int, seq_len_kv: int) -> tuple[int, int]:
+    m_elems = sram_bytes_per_sm // itemsize
+    bc = math.ceil(m_elems / (4 * head_dim))
+    br = min(bc, head_dim)
+    return max(1, min(br, seq_len_q)), max(1, min(bc, seq_len_kv))
+
+
+def check_block(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HbmsimError(f"run: field '{name}' = {value!r} must be a whole number >= 1 or \"auto\"")
+    return value

@@ -1,0 +1,133 @@
+"""Closed-form global-memory traffic of each program: bytes read and written, per tensor.
+
+These are derived from the algorithms on paper, not from the simulator; tests require the
+simulator's counters to equal them exactly for every shape, block size and mask. Ragged edges
+are exact because a tile is clipped to the tensor, so a tensor's rows are read exactly once per
+pass over them. Notation: G = batch*heads, e = bytes per element of the storage dtype,
+Nq, Nk = query and key lengths, d = head dim, Br x Bc = flash blocks, Tr = ceil(Nq/Br).
+
+Growth laws these formulas show (Nq = Nk = N, fixed d):
+- standard: S and P cost Theta(G N^2 e) bytes each way, and P is an N x N HBM footprint.
+- flash2: K and V are each read Tr = ceil(N/Br) times: G N d e ceil(N/Br); with the paper's
+  Br ~ M/(4d) that is Theta(N^2 d^2 / M). Nothing of size N x N is stored.
+"""
+from __future__ import annotations
+
+import math
+
+from .common import STATS_DTYPE, MASK_DTYPE, INDEX_DTYPE
+from .flash1 import flash1_first_q_block
+from .standard import GEMM_TILE, ROWS_PER_BLOCK, gemm_tiles
+from .workload import Workload, causal_kv_end
+from hbmsim.simulator import DTYPE_BYTES
+
+STATS = DTYPE_BYTES[STATS_DTYPE]
+MASK = DTYPE_BYTES[MASK_DTYPE]
+INDEX = DTYPE_BYTES[INDEX_DTYPE]
+
+
+def _add(io: dict, name: str, read: int = 0, write: int = 0) -> None:
+    r, w = io.get(name, (0, 0))
+    io[name] = (r + read, w + write)
+
+
+def flash2_kv_rows_read(wl: Workload, block_q: int, block_kv: int) -> int:
+    """Rows of K (and of V) one batch-head reads: every query block reads the K/V blocks it can
+    see; under the causal mask that is blocks up to the one holding its last visible key."""
+    nq, nk = wl.seq_len_q, wl.seq_len_kv
+    tr = math.ceil(nq / block_q)
+    if not wl.causal:
+        return tr * nk
+    rows = 0
+    for i in range(tr):
+        end = causal_kv_end(wl, min(nq, (i + 1) * block_q))
+        rows += min(nk, math.ceil(end / block_kv) * block_kv)
+    return rows
+
+
+def flash2_forward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
+    g, nq, d, e = wl.groups, wl.seq_len_q, wl.head_dim, wl.itemsize
+    tr = math.ceil(nq / block_q)
+    kv_rows = flash2_kv_rows_read(wl, block_q, block_kv)
+    io: dict = {}
+    _add(io, "Q", read=g * nq * d * e)
+    _add(io, "K", read=g * kv_rows * d * e)
+    _add(io, "V", read=g * kv_rows * d * e)
+    if wl.key_padding_mask:
+        _add(io, "kv_lens", read=g * tr * INDEX)
+    _add(io, "O", write=g * nq * d * e)
+    _add(io, "lse", write=g * nq * STATS)
+    return io
+
+
+def flash1_q_rows_visited(wl: Workload, block_q: int, block_kv: int) -> tuple[int, int]:
+    """(K/V rows loaded, query rows visited) per batch-head: the outer loop loads each K/V
+    block that some query can see; the inner loop visits query blocks from the first that can."""
+    nq, nk = wl.seq_len_q, wl.seq_len_kv
+    tr = math.ceil(nq / block_q)
+    kv_rows = q_rows = 0
+    for c0 in range(0, nk, block_kv):
+        i0 = flash1_first_q_block(wl, c0, block_q)
+        if i0 >= tr:
+            continue
+        kv_rows += min(nk, c0 + block_kv) - c0
+        q_rows += nq - i0 * block_q
+    return kv_rows, q_rows
+
+
+def flash1_forward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
+    g, nq, d, e = wl.groups, wl.seq_len_q, wl.head_dim, wl.itemsize
+    kv_rows, q_rows = flash1_q_rows_visited(wl, block_q, block_kv)
+    io: dict = {}
+    # init kernel: O = 0, l = 0, m = -inf
+    _add(io, "O", write=g * nq * d * e)
+    _add(io, "l", write=g * nq * STATS)
+    _add(io, "m", write=g * nq * STATS)
+    _add(io, "K", read=g * kv_rows * d * e)
+    _add(io, "V", read=g * kv_rows * d * e)
+    _add(io, "Q", read=g * q_rows * d * e)
+    _add(io, "O", read=g * q_rows * d * e, write=g * q_rows * d * e)
+    _add(io, "l", read=g * q_rows * STATS, write=g * q_rows * STATS)
+    _add(io, "m", read=g * q_rows * STATS, write=g * q_rows * STATS)
+    if wl.key_padding_mask:
+        _add(io, "kv_lens", read=g * INDEX)
+    return io
+
+
+def gemm_io(g: int, m: int, n: int, k: int, e: int, tile: tuple) -> tuple[int, int, int]:
+    """(A bytes read, B bytes read, C bytes written) of a tiled GEMM C[m,n] = A[m,k] B[k,n]:
+    each output tile reads its whole row panel of A and column panel of B."""
+    tm, tn, _ = gemm_tiles(m, n, k, tile)
+    return g * m * k * e * math.ceil(n / tn), g * k * n * e * math.ceil(m / tm), g * m * n * e
+
+
+def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE, rows_per_block: int = ROWS_PER_BLOCK) -> dict:
+    g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    nn = g * nq * nk                        # elements of S (and of P)
+    panels = math.ceil(nq / min(rows_per_block, nq))
+    io: dict = {}
+    q_r, k_r, s_w = gemm_io(g, nq, nk, d, e, gemm_tile)
+    _add(io, "Q", read=q_r)
+    _add(io, "K", read=k_r)
+    _add(io, "S", write=s_w)
+    _add(io, "S", read=nn * e, write=nn * e)            # scale
+    if wl.masked:
+        _add(io, "S", read=nn * e, write=nn * e)        # mask
+        if wl.causal:
+            _add(io, "causal_mask", read=nn * MASK)
+        if wl.key_padding_mask:
+            _add(io, "key_padding_mask", read=g * panels * nk * MASK)
+    _add(io, "S", read=nn * e)                          # softmax
+    _add(io, "P", write=nn * e)
+    if wl.dropout > 0:
+        _add(io, "P", read=nn * e, write=nn * e)
+        _add(io, "dropout_mask", write=nn * MASK)
+    p_r, v_r, o_w = gemm_io(g, nq, d, nk, e, gemm_tile)
+    _add(io, "P", read=p_r)
+    _add(io, "V", read=v_r)
+    _add(io, "O", write=o_w)
+    return io
+
+
+def total_io(io: dict) -> tuple[int, int]:
+    return sum(r for r, _ in io.values()), sum(w for _, w in io.values())

@@ -1,0 +1,159 @@
+"""Standard attention forward as PyTorch runs it: every intermediate goes through HBM.
+
+Kernels, in order (each a separate launch, as in eager PyTorch):
+  gemm_qk   S = Q K^T            tiled GEMM (tile_m x tile_n outputs, tile_k steps), writes S
+  scale     S = scale * S        elementwise: reads S, writes S
+  mask      S = S masked         (causal and/or key padding on) reads S and the bool mask(s)
+  softmax   P = softmax(S)       row-wise: reads S, writes P; fully masked rows give 0
+  dropout   P = P * keep/(1-p)   (dropout > 0) reads P, writes P and the 1-byte keep mask
+  gemm_pv   O = P V              tiled GEMM, writes O
+Elementwise and row-wise kernels work on panels of `rows_per_block` full rows and stream
+through registers (no shared memory). S is freed after the softmax, P after gemm_pv.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hbmsim.simulator import Launch, Program, Tensor
+
+from .common import MASK_DTYPE, input_tensors, keep_groups, output
+from .workload import AttentionData, Workload, allowed
+
+GEMM_TILE = (128, 128, 64)     # (tile_m, tile_n, tile_k): CUTLASS's default sm80 fp16 tensor-op tile
+ROWS_PER_BLOCK = 128
+SOFTMAX_VECTOR_FLOPS = 5       # per element: max, subtract + exp, sum, divide
+
+
+def gemm_tiles(m: int, n: int, k: int, tile: tuple) -> tuple[int, int, int]:
+    """Tile sizes clamped to the matrix (a tile never exceeds the operand)."""
+    return min(tile[0], m), min(tile[1], n), min(tile[2], k)
+
+
+def gemm_sram_bytes(itemsize: int, tm: int, tn: int, tk: int) -> int:
+    return (tm * tk + tk * tn) * itemsize
+
+
+def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, tile: tuple,
+                scale: float = 1.0, allocs=(), frees=()) -> Launch:
+    """C[g] = A[g] @ (B[g]^T if b_transposed else B[g]); one block per (g, C tile), tile_n fastest."""
+    g_count, m, kdim = A.shape
+    n = C.shape[2]
+    tm, tn, tk = gemm_tiles(m, n, kdim, tile)
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    e = A.itemsize
+    numeric = A.data is not None
+
+    def block(ctx, index):
+        g, rest = divmod(index, tiles_m * tiles_n)
+        mi, ni = divmod(rest, tiles_n)
+        rows = slice(mi * tm, min(m, (mi + 1) * tm))
+        cols = slice(ni * tn, min(n, (ni + 1) * tn))
+        rm, cn = rows.stop - rows.start, cols.stop - cols.start
+        acc = np.zeros((rm, cn)) if numeric else None
+        for k0 in range(0, kdim, tk):
+            ks = slice(k0, min(kdim, k0 + tk))
+            kk = ks.stop - ks.start
+            a, b = yield from ctx.load_tiles((A[g], rows, ks), (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
+            yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * e)
+            if numeric:
+                acc += a @ (b.T if b_transposed else b)
+        yield from ctx.store(C[g], rows, cols, None if acc is None else scale * acc)
+
+    return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(e, tm, tn, tk), block, allocs, frees)
+
+
+def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
+                     rows_per_block: int = ROWS_PER_BLOCK) -> Program:
+    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    t = input_tensors(wl, data)
+    Q, K, V = t["Q"], t["K"], t["V"]
+    numeric = data is not None
+    S = output(wl, "S", nq, nk, wl.dtype, data)
+    P = output(wl, "P", nq, nk, wl.dtype, data)
+    O = output(wl, "O", nq, d, wl.dtype, data)
+    rpb = min(rows_per_block, nq)
+    panels = math.ceil(nq / rpb)
+    full = slice(0, nk)
+    inputs = [Q, K, V]
+
+    def panel(index):
+        g, i = divmod(index, panels)
+        return g, slice(i * rpb, min(nq, (i + 1) * rpb))
+
+    def scale_block(ctx, index):
+        g, rows = panel(index)
+        s = yield from ctx.load(S[g], rows, full)
+        yield from ctx.compute(vector_flops=s_size(rows))
+        yield from ctx.store(S[g], rows, full, None if s is None else wl.softmax_scale * s)
+
+    def s_size(rows):
+        return (rows.stop - rows.start) * nk
+
+    launches = [gemm_launch("gemm_qk", Q, K, S, True, gemm_tile, allocs=(S,)),
+                Launch("scale", g_count * panels, 0, scale_block)]
+
+    if wl.masked:
+        CM = KPM = None
+        if wl.causal:   # a precomputed (Nq, Nkv) bool mask, broadcast over batch and heads
+            CM = Tensor("causal_mask", (1, nq, nk), MASK_DTYPE, count_only=not numeric)
+            inputs.append(CM)
+        if wl.key_padding_mask:   # (batch, Nkv) bool, broadcast over heads and rows
+            KPM = Tensor("key_padding_mask", (wl.batch, 1, nk), MASK_DTYPE, count_only=not numeric)
+            inputs.append(KPM)
+
+        def mask_block(ctx, index):
+            g, rows = panel(index)
+            tiles = [(S[g], rows, full)]
+            if CM is not None:
+                tiles.append((CM[0], rows, full))
+            if KPM is not None:
+                tiles.append((KPM[g // wl.heads], slice(0, 1), full))
+            s = (yield from ctx.load_tiles(*tiles))[0]
+            yield from ctx.compute(vector_flops=s_size(rows))
+            if numeric:
+                kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
+                s = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), s, -np.inf)
+            yield from ctx.store(S[g], rows, full, s)
+        launches.append(Launch("mask", g_count * panels, 0, mask_block))
+
+    def softmax_block(ctx, index):
+        g, rows = panel(index)
+        s = yield from ctx.load(S[g], rows, full)
+        yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * s_size(rows))
+        p = None
+        if numeric:
+            mx = s.max(axis=1, keepdims=True)
+            ex = np.exp(s - np.where(np.isfinite(mx), mx, 0.0))
+            tot = ex.sum(axis=1, keepdims=True)
+            p = np.divide(ex, tot, out=np.zeros_like(ex), where=tot > 0)
+        yield from ctx.store(P[g], rows, full, p)
+    launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,)))
+
+    frees_after_pv = [P]
+    if wl.dropout > 0:
+        DM = output(wl, "dropout_mask", nq, nk, MASK_DTYPE, data)
+        keep = keep_groups(wl, data)
+        frees_after_pv.append(DM)
+
+        def dropout_block(ctx, index):
+            g, rows = panel(index)
+            p = yield from ctx.load(P[g], rows, full)
+            yield from ctx.compute(vector_flops=2 * s_size(rows))
+            yield from ctx.store(P[g], rows, full, None if p is None else p * keep[g, rows, :])
+            yield from ctx.store(DM[g], rows, full, None if p is None else (keep[g, rows, :] > 0).astype(float))
+        launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(DM,)))
+
+    launches.append(gemm_launch("gemm_pv", P, V, O, False, gemm_tile, allocs=(O,), frees=tuple(frees_after_pv)))
+    if numeric and wl.masked:
+        _fill_masks(wl, data, CM, KPM)
+    return Program("standard_forward", launches, inputs=tuple(inputs) + tuple(v for k, v in t.items() if k not in "QKV"),
+                   outputs={"O": O})
+
+
+def _fill_masks(wl, data, CM, KPM):
+    if CM is not None:
+        CM.data[0] = allowed(Workload(1, 1, wl.seq_len_q, wl.seq_len_kv, 1, causal=True), None, 0, wl.seq_len_q, 0, wl.seq_len_kv)
+    if KPM is not None:
+        KPM.data[:, 0, :] = np.arange(wl.seq_len_kv)[None, :] < data.kv_lens[:, None]

@@ -1,0 +1,1 @@
+"""The real kernel side (CUDA through CuPy, CPU emulation, profiler): see issue 4."""

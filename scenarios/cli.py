@@ -1,0 +1,160 @@
+"""The `hbmsim` command: demo, run, hardware, bench.
+
+User errors (bad scenario, block too big, bad shapes) print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hbmsim.simulator import HbmsimError, load_gpu
+
+from . import report
+from .experiment import HARDWARE_DIR, load_experiment, preset_names, resolve_hardware
+from .runner import run_config, run_experiment, stderr_progress
+
+DEMO_EXPERIMENT = "demo"
+
+
+def _write_json(results: list[dict], dest: str) -> None:
+    text = json.dumps({"runs": results}, indent=1)
+    if dest == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(text + "\n")
+        print(f"wrote {dest}", file=sys.stderr)
+
+
+def _tracer(limit: int):
+    state = {"n": 0}
+
+    def trace(now_s, sm, kernel, block, what):
+        if state["n"] < limit:
+            print(f"{now_s * 1e6:10.3f} us  SM{sm:<3d} {kernel} block {block}: {what}")
+        state["n"] += 1
+    return trace
+
+
+def cmd_run(args) -> int:
+    exp = load_experiment(args.file)
+    to_stdout = args.json == "-"
+    if args.trace:
+        for cfg in exp.configs:
+            print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)")
+            run_config(cfg, count_only=True, trace=_tracer(args.trace))
+    results = run_experiment(exp, count_only=args.count_only, progress=stderr_progress)
+    if args.json:
+        _write_json(results, args.json)
+    if not to_stdout:
+        print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured)")
+        print(report.table(results))
+        text = report.ratios(results)
+        if text:
+            print(text)
+        if args.plot:
+            print(f"wrote {report.plot_vs_seq_len(results, args.plot, f'{exp.name} on {exp.gpu.name} (predicted)')}")
+    return 0
+
+
+def seed_example() -> str:
+    """The 4x4 worked example: every program must give the same O as the float64 reference."""
+    from hbmsim.algorithms.flash1 import flash1_forward
+    from hbmsim.algorithms.flash2 import flash2_forward
+    from hbmsim.algorithms.reference import attention_forward
+    from hbmsim.algorithms.standard import standard_forward
+    from hbmsim.algorithms.workload import AttentionData, Workload
+    from hbmsim.simulator import simulate
+
+    q = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]], float)
+    k = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], float)
+    v = np.arange(1, 17, dtype=float).reshape(4, 4)
+    wl = Workload(1, 1, 4, 4, 4, dtype="fp32", scale=1.0)
+    data = lambda: AttentionData(q[None, None].copy(), k[None, None].copy(), v[None, None].copy())
+    o_ref, _ = attention_forward(wl, data())
+    gpu = load_gpu(HARDWARE_DIR / "a100-sxm4-40gb.toml")
+    lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator", np.array2string(o_ref[0, 0], precision=2)]
+    for prog in (standard_forward(wl, data(), (2, 2, 2), 2), flash1_forward(wl, 2, 2, data()), flash2_forward(wl, 2, 2, data())):
+        o = simulate(gpu, prog).outputs["O"][0]
+        lines.append(f"  {prog.name:17s} max |O - reference| = {np.max(np.abs(o - o_ref[0, 0])):.1e}")
+    return "\n".join(lines)
+
+
+def cmd_demo(args) -> int:
+    exp = load_experiment(DEMO_EXPERIMENT)
+    out = Path(args.out)
+    print(seed_example())
+    print()
+    print(f"Standard vs flash2 attention forward on {exp.gpu.name}, count-only (numbers predicted, not measured):")
+    results = run_experiment(exp, count_only=True, progress=stderr_progress)
+    print(report.table(results))
+    print(report.ratios(results))
+    _write_json(results, str(out / "demo.json"))
+    png = report.plot_vs_seq_len(results, out / "demo.png",
+                                 f"Attention forward on {exp.gpu.name}: predicted by hbmsim (simulated, not measured)")
+    print(f"\nWrote {png} and {out / 'demo.json'} (folder: {out.resolve()})")
+    return 0
+
+
+def cmd_hardware(args) -> int:
+    if args.name:
+        gpu = resolve_hardware(args.name)
+        for key, value in gpu.summary().items():
+            print(f"{key:26s} {value!s:>18s}   {gpu.source.get(key, '(no source given)')}")
+        return 0
+    print(f"{'preset':18s} {'SMs':>4s} {'clock':>9s} {'HBM':>10s} {'SRAM/SM':>9s} {'L2':>8s} {'tensor':>12s}")
+    for name in preset_names():
+        g = load_gpu(HARDWARE_DIR / f"{name}.toml")
+        print(f"{name:18s} {g.sm_count:4d} {g.clock_hz / 1e9:6.2f} GHz {g.hbm_bytes_per_s / 1e12:6.3f} TB/s "
+              f"{g.sram_bytes_per_sm / 1024:6.0f} KiB {g.l2_bytes / 2**20:5.0f} MiB {g.matmul_flops_per_s / 1e12:7.0f} TFLOP/s")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench
+    result = bench(args.experiment)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hbmsim", description="Simulate attention on a GPU memory hierarchy.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="standard vs flash attention on the A100 preset: table + figure")
+    d.add_argument("--out", default="hbmsim-demo", help="folder for demo.png and demo.json (default: hbmsim-demo)")
+    d.set_defaults(func=cmd_demo)
+    r = sub.add_parser("run", help="run an experiment TOML (a path or a shipped experiment's name)")
+    r.add_argument("file")
+    r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
+    r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
+    r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
+    r.add_argument("--trace", type=int, default=0, metavar="N", help="print the first N simulator events of each run")
+    r.set_defaults(func=cmd_run)
+    h = sub.add_parser("hardware", help="list hardware presets, or show one with its sources")
+    h.add_argument("name", nargs="?")
+    h.set_defaults(func=cmd_hardware)
+    b = sub.add_parser("bench", help="time the simulator on a GPT-2-medium-sized experiment vs bare SimPy")
+    b.add_argument("--experiment", default="gpt2-medium")
+    b.add_argument("--json", metavar="PATH")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except HbmsimError as err:
+        print(f"hbmsim: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Experiments: TOML files naming hardware, a workload, runs (algorithm + mapping) and a sweep.
+
+Hardware, workload and mapping (block sizes) are separate inputs, as in Timeloop. Loading
+validates everything and expands the sweep into a flat list of configurations; every error
+names the file, the field, the value and the limit.
+"""
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hbmsim.algorithms.workload import Workload
+from hbmsim.simulator import GPU, HbmsimError, load_gpu
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
+
+ALGORITHMS = ("standard", "flash1", "flash2")
+PASSES = ("forward",)             # backward: issue 3
+WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
+                   "causal", "key_padding_mask", "dropout", "scale")
+FLASH_FIELDS = ("block_q", "block_kv")
+STANDARD_FIELDS = ("tile_m", "tile_n", "tile_k", "rows_per_block")
+RUN_FIELDS = ("algorithm", "passes") + FLASH_FIELDS + STANDARD_FIELDS
+TOP_FIELDS = ("name", "description", "hardware", "hardware_overrides", "workload", "runs", "sweep")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    algorithm: str
+    passes: tuple = ("forward",)
+    params: dict = field(default_factory=dict, hash=False)   # block_q/block_kv or tile_*/rows_per_block
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point to simulate: a workload and a run on a GPU."""
+    gpu: GPU
+    workload: Workload
+    run: RunSpec
+
+
+@dataclass
+class Experiment:
+    name: str
+    path: str
+    gpu: GPU
+    configs: list
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
+
+
+def resolve_hardware(ref: str, base_dir: Path | None = None) -> GPU:
+    """A preset name, or a path to a hardware TOML (relative to the experiment's folder)."""
+    if (HARDWARE_DIR / f"{ref}.toml").is_file():
+        return load_gpu(HARDWARE_DIR / f"{ref}.toml")
+    for candidate in ([base_dir / ref] if base_dir else []) + [Path(ref)]:
+        if candidate.is_file():
+            return load_gpu(candidate)
+    raise HbmsimError(f"hardware '{ref}' is neither a preset ({', '.join(preset_names())}) nor a file")
+
+
+def resolve_experiment(ref: str) -> Path:
+    p = Path(ref)
+    if p.is_file():
+        return p
+    shipped = EXPERIMENTS_DIR / f"{ref}.toml"
+    if shipped.is_file():
+        return shipped
+    raise HbmsimError(f"experiment '{ref}' not found (a file, or one of: "
+                      f"{', '.join(sorted(q.stem for q in EXPERIMENTS_DIR.glob('*.toml')))})")
+
+
+def _unknown(where: str, table: dict, known: tuple) -> None:
+    for key in table:
+        if key not in known:
+            raise HbmsimError(f"{where}: unknown field '{key}' (known: {', '.join(known)})")
+
+
+def _table(where: str, data: dict, key: str, required: bool = True) -> dict:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise HbmsimError(f"{where}: missing table [{key}]")
+        return {}
+    if not isinstance(value, dict):
+        raise HbmsimError(f"{where}: '{key}' must be a table, got {value!r}")
+    return value
+
+
+def make_workload(where: str, w: dict) -> Workload:
+    """Workload from a [workload] table (after sweep substitution)."""
+    _unknown(f"{where} [workload]", w, WORKLOAD_FIELDS)
+    for key in ("batch", "heads", "head_dim"):
+        if key not in w:
+            raise HbmsimError(f"{where} [workload]: missing field '{key}'")
+    if "seq_len" in w:
+        if "seq_len_q" in w or "seq_len_kv" in w:
+            raise HbmsimError(f"{where} [workload]: give either 'seq_len' or 'seq_len_q' and 'seq_len_kv', not both")
+        nq = nk = w["seq_len"]
+    elif "seq_len_q" in w and "seq_len_kv" in w:
+        nq, nk = w["seq_len_q"], w["seq_len_kv"]
+    else:
+        raise HbmsimError(f"{where} [workload]: missing field 'seq_len' (or both 'seq_len_q' and 'seq_len_kv')")
+    try:
+        return Workload(batch=w["batch"], heads=w["heads"], seq_len_q=nq, seq_len_kv=nk, head_dim=w["head_dim"],
+                        dtype=w.get("dtype", "fp16"), causal=w.get("causal", False),
+                        key_padding_mask=w.get("key_padding_mask", False), dropout=w.get("dropout", 0.0),
+                        scale=w.get("scale"))
+    except HbmsimError as err:
+        raise HbmsimError(f"{where}: {err}") from None
+
+
+def make_run(where: str, r: dict) -> RunSpec:
+    _unknown(where, r, RUN_FIELDS)
+    alg = r.get("algorithm")
+    if alg is None:
+        raise HbmsimError(f"{where}: missing field 'algorithm' (one of {', '.join(ALGORITHMS)})")
+    if alg not in ALGORITHMS:
+        raise HbmsimError(f"{where}: field 'algorithm' = {alg!r} must be one of {', '.join(ALGORITHMS)}")
+    passes = r.get("passes", ["forward"])
+    if not isinstance(passes, list) or not passes:
+        raise HbmsimError(f"{where}: field 'passes' = {passes!r} must be a non-empty list")
+    for p in passes:
+        if p not in PASSES:
+            raise HbmsimError(f"{where}: field 'passes' has {p!r}; supported: {', '.join(PASSES)}"
+                              + (" (backward programs are not implemented yet)" if p == "backward" else ""))
+    own, other = (FLASH_FIELDS, STANDARD_FIELDS) if alg != "standard" else (STANDARD_FIELDS, FLASH_FIELDS)
+    params = {}
+    for key in own:
+        if key in r:
+            v = r[key]
+            if key in FLASH_FIELDS and v == "auto":
+                params[key] = v
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                limit = 'a whole number >= 1 or "auto"' if key in FLASH_FIELDS else "a whole number >= 1"
+                raise HbmsimError(f"{where}: field '{key}' = {v!r} must be {limit}")
+            params[key] = v
+        elif key in FLASH_FIELDS:
+            params[key] = "auto"
+    for key in other:
+        if key in r:
+            raise HbmsimError(f"{where}: field '{key}' does not apply to algorithm '{alg}'")
+    return RunSpec(alg, tuple(passes), params)
+
+
+def load_experiment(ref: str | Path) -> Experiment:
+    path = resolve_experiment(str(ref))
+    where = str(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise HbmsimError(f"{where}: not valid TOML ({err})") from None
+    _unknown(where, data, TOP_FIELDS)
+    name = data.get("name", path.stem)
+    if "hardware" not in data:
+        raise HbmsimError(f"{where}: missing field 'hardware' (a preset: {', '.join(preset_names())}, or a file)")
+    if not isinstance(data["hardware"], str):
+        raise HbmsimError(f"{where}: field 'hardware' = {data['hardware']!r} must be a preset name or a path")
+    gpu = resolve_hardware(data["hardware"], path.parent)
+    overrides = _table(where, data, "hardware_overrides", required=False)
+    if overrides:
+        gpu = gpu.with_overrides(overrides, f"{where} [hardware_overrides]")   # re-validated
+    workload = _table(where, data, "workload")
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+        raise HbmsimError(f"{where}: needs at least one [[runs]] table")
+    run_tables = [dict(r) for r in runs]
+    sweep = _table(where, data, "sweep", required=False)
+    for key, values in sweep.items():
+        if key not in WORKLOAD_FIELDS and key not in RUN_FIELDS:
+            raise HbmsimError(f"{where} [sweep]: '{key}' names neither a workload nor a run field")
+        if not isinstance(values, list) or not values:
+            raise HbmsimError(f"{where} [sweep]: '{key}' = {values!r} must be a non-empty list")
+    configs = []
+    keys = list(sweep)
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        point = dict(zip(keys, combo))
+        w = dict(workload)
+        for k, v in point.items():
+            if k in WORKLOAD_FIELDS:
+                if k == "seq_len":
+                    w.pop("seq_len_q", None)
+                    w.pop("seq_len_kv", None)
+                w[k] = v
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        wl = make_workload(where + (f" (sweep {label})" if label else ""), w)
+        for i, rt in enumerate(run_tables):
+            r = dict(rt)
+            for k, v in point.items():
+                if k in RUN_FIELDS and (k in ("algorithm", "passes") or
+                                        (k in FLASH_FIELDS) == (r.get("algorithm") != "standard")):
+                    r[k] = v
+            spec = make_run(f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else ""), r)
+            configs.append(Config(gpu, wl, spec))
+    return Experiment(name=name, path=where, gpu=gpu, configs=configs)
+

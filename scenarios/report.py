@@ -1,0 +1,115 @@
+"""Readable output: the results table, the standard/flash ratios, and the demo's figure."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
+
+
+def _mapping(r: dict) -> str:
+    if r["algorithm"] == "standard":
+        return f"gemm {r['tile_m']}x{r['tile_n']}x{r['tile_k']}"
+    return f"{r['block_q']}x{r['block_kv']}"
+
+
+def _key(r: dict) -> tuple:
+    """Results with equal keys differ only in the algorithm (and its mapping)."""
+    w = r["workload"]
+    return (r["hardware"], r["pass"], tuple(sorted((k, v) for k, v in w.items())))
+
+
+def table(results: list[dict]) -> str:
+    head = ("algorithm", "N_q x N_kv", "B*H", "d", "mapping", "HBM read", "HBM write", "L2-side R+W",
+            "HBM peak", "time (pred.)", "bound")
+    rows = [head]
+    for r in results:
+        w = r["workload"]
+        rows.append((r["algorithm"], f"{w['seq_len_q']}x{w['seq_len_kv']}", str(w["batch"] * w["heads"]),
+                     str(w["head_dim"]), _mapping(r), fmt_bytes(r["hbm_read_bytes"]), fmt_bytes(r["hbm_write_bytes"]),
+                     fmt_bytes(r["global_read_bytes"] + r["global_write_bytes"]), fmt_bytes(r["hbm_peak_bytes"]),
+                     fmt_time(r["time_s"]), r["bound"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(wd) if i >= 5 else c.ljust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * wd for wd in widths))
+    return "\n".join(lines)
+
+
+def ratios(results: list[dict]) -> str:
+    """standard / flash ratios of HBM bytes and predicted time, per workload."""
+    groups = defaultdict(dict)
+    for r in results:
+        groups[_key(r)].setdefault(r["algorithm"], r)
+    lines = []
+    for key, by_alg in groups.items():
+        std = by_alg.get("standard")
+        if std is None:
+            continue
+        w = std["workload"]
+        for alg in ("flash1", "flash2"):
+            f = by_alg.get(alg)
+            if f is None:
+                continue
+            hb = lambda x: x["hbm_read_bytes"] + x["hbm_write_bytes"]
+            lines.append(f"N={w['seq_len_q']}x{w['seq_len_kv']}: standard/{alg}: HBM bytes "
+                         f"{hb(std) / hb(f):.1f}x, predicted time {std['time_s'] / f['time_s']:.2f}x")
+    return "\n".join(lines)
+
+
+def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
+    """Log-log HBM traffic, HBM footprint and predicted time against sequence length."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    series = defaultdict(list)
+    for r in results:
+        series[r["algorithm"]].append(r)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    styles = {"standard": ("tab:red", "o"), "flash1": ("tab:orange", "s"), "flash2": ("tab:blue", "^")}
+    for alg, rs in sorted(series.items()):
+        rs.sort(key=lambda r: r["workload"]["seq_len_q"])
+        n = [r["workload"]["seq_len_q"] for r in rs]
+        color, marker = styles.get(alg, ("k", "x"))
+        axes[0].loglog(n, [r["hbm_read_bytes"] + r["hbm_write_bytes"] for r in rs], marker=marker, color=color,
+                       label=f"{alg}: HBM (DRAM) bytes")
+        axes[0].loglog(n, [r["global_read_bytes"] + r["global_write_bytes"] for r in rs], ls="--", marker=marker,
+                       color=color, alpha=0.5, label=f"{alg}: bytes requested (L2 side)")
+        axes[1].loglog(n, [r["hbm_peak_bytes"] for r in rs], marker=marker, color=color, label=alg)
+        axes[2].loglog(n, [r["time_s"] * 1e3 for r in rs], marker=marker, color=color, label=alg)
+    all_n = sorted({r["workload"]["seq_len_q"] for r in results})
+    if len(all_n) >= 2:   # growth-law guides through the first standard point
+        ref = next((r for r in results if r["algorithm"] == "standard" and r["workload"]["seq_len_q"] == all_n[0]), None)
+        if ref is not None:
+            y0 = ref["hbm_read_bytes"] + ref["hbm_write_bytes"]
+            axes[0].loglog(all_n, [y0 * (x / all_n[0]) ** 2 for x in all_n], color="gray", ls=":", label="~ N^2 guide")
+            axes[0].loglog(all_n, [y0 * (x / all_n[0]) for x in all_n], color="gray", ls="-.", label="~ N guide")
+    axes[0].set(xlabel="sequence length N (tokens)", ylabel="HBM traffic, read + write (bytes)",
+                title="HBM traffic vs N")
+    axes[1].set(xlabel="sequence length N (tokens)", ylabel="peak HBM footprint (bytes)",
+                title="HBM footprint vs N (inputs + intermediates + outputs)")
+    axes[2].set(xlabel="sequence length N (tokens)", ylabel="predicted time (ms)", title="Predicted runtime vs N")
+    for ax in axes:
+        ax.set_xticks(all_n, [str(x) for x in all_n])
+        ax.minorticks_off()
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,107 @@
+"""The hardware spec: one frozen dataclass, loaded and validated from a TOML preset.
+
+Every field is a number with a unit in its name; `source` maps field names to where each number
+comes from (spec sheet, whitepaper, microbenchmark paper). Rates are for the whole GPU unless
+the name says `_per_sm`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import HbmsimError
+
+# Fields that must be whole numbers (sizes and counts).
+INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm")
+# Fields that may be zero: no L2 modelled.
+ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s")
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    sm_count: int
+    clock_hz: float
+    hbm_bytes_per_s: float            # achievable-peak DRAM bandwidth, whole GPU
+    hbm_latency_s: float              # fixed latency added to every DRAM request
+    hbm_capacity_bytes: int
+    sram_bytes_per_sm: int            # shared memory a thread block may use on one SM
+    sram_bytes_per_s_per_sm: float    # shared-memory bandwidth of one SM
+    matmul_flops_per_s: float         # tensor cores, dense fp16/bf16, whole GPU
+    vector_flops_per_s: float         # fp32 CUDA cores, whole GPU
+    l2_bytes: int = 0                 # 0 = no L2 modelled
+    l2_bytes_per_s: float = 0.0       # L2 hit bandwidth, whole GPU
+    max_blocks_per_sm: int = 32       # resident thread blocks per SM (compute capability limit)
+    source: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        where = self.source.get("__file__", self.name)
+        for f in dataclasses.fields(self):
+            if f.name in ("name", "source"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be a finite number")
+            if f.name in INT_FIELDS and value != int(value):
+                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be a whole number")
+            if value < 0 or (value == 0 and f.name not in ZERO_OK_FIELDS):
+                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be > 0")
+        if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:
+            raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} must be > 0 when l2_bytes > 0")
+        for f in INT_FIELDS:
+            object.__setattr__(self, f, int(getattr(self, f)))
+
+    # Per-SM rates: the whole-GPU figures split evenly over the SMs.
+    @property
+    def matmul_flops_per_s_per_sm(self) -> float:
+        return self.matmul_flops_per_s / self.sm_count
+
+    @property
+    def vector_flops_per_s_per_sm(self) -> float:
+        return self.vector_flops_per_s / self.sm_count
+
+    def with_overrides(self, overrides: dict, where: str = "hardware_overrides") -> "GPU":
+        known = {f.name for f in dataclasses.fields(self)} - {"source"}
+        for key in overrides:
+            if key not in known:
+                raise HbmsimError(f"{where}: unknown hardware field '{key}' (known: {', '.join(sorted(known))})")
+        src = dict(self.source, __file__=where)
+        for key in overrides:
+            src[key] = f"override in {where}"
+        return dataclasses.replace(self, **overrides, source=src)
+
+    def summary(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+
+
+def gpu_from_dict(data: dict, where: str) -> GPU:
+    """Build a GPU from a parsed TOML table; every error names the field and `where`."""
+    data = dict(data)
+    source = data.pop("source", {})
+    if not isinstance(source, dict):
+        raise HbmsimError(f"{where}: 'source' must be a table of field = \"citation\"")
+    fields = {f.name: f for f in dataclasses.fields(GPU)} 
+    for key in data:
+        if key not in fields or key == "source":
+            raise HbmsimError(f"{where}: unknown hardware field '{key}'")
+    for name, f in fields.items():
+        if name != "source" and name not in data and f.default is dataclasses.MISSING:
+            raise HbmsimError(f"{where}: missing hardware field '{name}'")
+    if not isinstance(data["name"], str) or not data["name"]:
+        raise HbmsimError(f"{where}: field 'name' = {data['name']!r} must be a non-empty string")
+    return GPU(**data, source={**source, "__file__": where})
+
+
+def load_gpu(path: str | Path) -> GPU:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise HbmsimError(f"hardware file '{path}' not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise HbmsimError(f"{path}: not valid TOML ({err})") from None
+    return gpu_from_dict(data, str(path))

@@ -1,0 +1,50 @@
+"""L2 as a write-back LRU cache of tiles.
+
+Tile granular, like the rest of the model: a line is one tile a program loaded or stored
+(tensor, batch-head, row range, column range). A request hits only when the same tile is still
+resident, which is how tiled programs reuse data (K/V tiles across query blocks, GEMM operand
+tiles across output tiles). Reuse across differently shaped tiles is not detected, so HBM
+traffic is over- rather than under-estimated. Stores allocate dirty lines; a dirty line costs an
+HBM write when it is evicted or when the program ends.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class L2Cache:
+    def __init__(self, capacity_bytes: int):
+        self.capacity_bytes = int(capacity_bytes)
+        self.used_bytes = 0
+        self._lines: OrderedDict = OrderedDict()  # key -> [nbytes, dirty, tensor_name]
+
+    def access(self, key, nbytes: int, tensor_name: str, write: bool) -> tuple[bool, list]:
+        """Touch a tile. Returns (hit, evicted dirty lines as (tensor_name, nbytes))."""
+        lines = self._lines
+        line = lines.get(key)
+        if line is not None:
+            lines.move_to_end(key)
+            if write:
+                line[1] = True
+            return True, []
+        if nbytes > self.capacity_bytes:
+            # Larger than the cache: streams straight through (a write goes to HBM now).
+            return False, ([(tensor_name, nbytes)] if write else [])
+        evicted = []
+        while self.used_bytes + nbytes > self.capacity_bytes:
+            _, (old_bytes, dirty, old_name) = lines.popitem(last=False)
+            self.used_bytes -= old_bytes
+            if dirty:
+                evicted.append((old_name, old_bytes))
+        lines[key] = [nbytes, write, tensor_name]
+        self.used_bytes += nbytes
+        return False, evicted
+
+    def flush(self) -> list:
+        """Write back every dirty line (end of program); lines stay, clean."""
+        out = []
+        for line in self._lines.values():
+            if line[1]:
+                out.append((line[2], line[0]))
+                line[1] = False
+        return out

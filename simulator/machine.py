@@ -1,0 +1,251 @@
+"""The machine: programs of kernel launches run on a SimPy model of HBM, L2 and the SMs.
+
+- HBM: one SharedPool (bytes/s, fair share among transfers in flight) plus a fixed latency.
+- L2 (when l2_bytes > 0): a tile-granular write-back LRU; hits are served by an L2 FifoPipe.
+- Each SM: one FifoPipe of compute time. A `compute` call occupies it for the longest of its
+  tensor-core, vector and SRAM-read times at the SM's full rates (the three pipeline); the
+  blocks resident on the SM take turns in issue order.
+- Launches run in program order. A launch's blocks are dispatched in linear order: first round
+  robin over the SMs, then each freed slot takes the next block, like the hardware scheduler.
+  Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block).
+
+Every number in the result comes from counters that the program's own loads, stores and compute
+calls incremented.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import simpy
+
+from .errors import HbmsimError
+from .hardware import GPU
+from .l2 import L2Cache
+from .resources import FifoPipe, SharedPool
+from .results import KernelResult, SimResult
+from .tensor import Tensor, TensorView
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch. `block(ctx, index)` is a generator function run once per block."""
+    name: str
+    grid: int
+    sram_bytes: int
+    block: Callable
+    allocs: tuple = ()      # tensors that come to exist in HBM when this launch starts
+    frees: tuple = ()       # tensors released after it ends
+
+
+@dataclass
+class Program:
+    name: str
+    launches: list
+    inputs: tuple = ()                              # tensors in HBM before the first launch
+    outputs: dict = field(default_factory=dict)     # name -> Tensor, returned as numpy
+
+
+def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
+    if s.start is None or s.stop is None or not (0 <= s.start < s.stop <= limit):
+        raise HbmsimError(f"tensor {tensor.name}: {what} slice {s.start}:{s.stop} outside 0:{limit}")
+    return s.stop - s.start
+
+
+class BlockContext:
+    """What a block sees: load, store, compute (SimPy generators: `yield from ctx.load(...)`)."""
+
+    __slots__ = ("_m", "sm", "kernel", "block")
+
+    def __init__(self, machine: "Machine", sm: int, kernel: KernelResult):
+        self._m, self.sm, self.kernel, self.block = machine, sm, kernel, -1
+
+    def load(self, view: TensorView, rows: slice, cols: slice):
+        """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
+        tiles = yield from self.load_tiles((view, rows, cols))
+        return tiles[0]
+
+    def load_tiles(self, *tiles):
+        """Issue several tile loads at once (in flight together, as cp.async does) and wait
+        for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
+        m = self._m
+        hbm_bytes = l2_bytes = 0
+        for view, rows, cols in tiles:
+            t = view.tensor
+            nbytes = _span(rows, t.shape[1], "row", t) * _span(cols, t.shape[2], "col", t) * t.itemsize
+            key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
+            if m.account(self, t, key, nbytes, False):
+                hbm_bytes += nbytes
+            else:
+                l2_bytes += nbytes
+        # Both requests are issued before the first wait: the load ends when the later one does.
+        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
+        l2_ev = m.l2_pool.request(l2_bytes) if l2_bytes else None
+        if hbm_ev is not None:
+            yield hbm_ev
+        if l2_ev is not None:
+            yield l2_ev
+        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
+
+    def store(self, view: TensorView, rows: slice, cols: slice, value=None):
+        """Write one tile back to global memory (value is ignored in count-only mode)."""
+        t, g = view.tensor, view.group
+        nr, nc = _span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t)
+        if t.data is not None:
+            if value is None or value.shape != (nr, nc):
+                got = None if value is None else value.shape
+                raise HbmsimError(f"store to {t.name}: value shape {got} disagrees with tile ({nr}, {nc})")
+            t.data[g, rows, cols] = value
+        key = (t.uid, g, rows.start, rows.stop, cols.start, cols.stop)
+        nbytes = nr * nc * t.itemsize
+        m = self._m
+        yield (m.hbm if m.account(self, t, key, nbytes, True) else m.l2_pool).request(nbytes)
+
+    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
+        """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
+        yield self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes))
+
+
+class Machine:
+    def __init__(self, gpu: GPU, trace: Callable | None = None):
+        self.gpu = gpu
+        self.trace = trace
+        self.env = simpy.Environment()
+        self.hbm = SharedPool(self.env, gpu.hbm_bytes_per_s, gpu.hbm_latency_s, "hbm")
+        self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
+        self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2") if self.l2 else None
+        self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
+        self._mm_rate = gpu.matmul_flops_per_s_per_sm
+        self._vec_rate = gpu.vector_flops_per_s_per_sm
+        self._sram_rate = gpu.sram_bytes_per_s_per_sm
+        self.kernels: list[KernelResult] = []
+        self.live_bytes = 0
+        self.hbm_peak_bytes = 0
+        self.sram_peak_bytes = 0
+
+    # ---- what contexts call -------------------------------------------------------------
+    def account(self, ctx: BlockContext, t: Tensor, key, nbytes: int, write: bool) -> bool:
+        """Count one tile transfer; True if it is served by HBM, False if by L2."""
+        traffic = ctx.kernel.traffic(t.name)
+        if self.trace is not None:
+            self.trace(self.env.now, ctx.sm, ctx.kernel.name, ctx.block,
+                       f"{'store' if write else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] {nbytes} B")
+        if write:
+            traffic.write += nbytes
+        else:
+            traffic.read += nbytes
+        if self.l2 is None:
+            if write:
+                traffic.hbm_write += nbytes
+            else:
+                traffic.hbm_read += nbytes
+            return True
+        hit, evicted = self.l2.access(key, nbytes, t.name, write)
+        for name, nb in evicted:  # write-backs: DRAM bandwidth used, nobody waits on them
+            ctx.kernel.traffic(name).hbm_write += nb
+            self.hbm.request(nb)
+        if hit or write:
+            return False
+        traffic.hbm_read += nbytes
+        return True
+
+    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int):
+        k = ctx.kernel
+        k.matmul_flops += matmul_flops
+        k.vector_flops += vector_flops
+        k.sram_read_bytes += sram_bytes
+        if self.trace is not None:
+            self.trace(self.env.now, ctx.sm, k.name, ctx.block,
+                       f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
+        work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
+        return self.sms[ctx.sm].request(work_s)
+
+    # ---- running a program ----------------------------------------------------------------
+    def slots_per_sm(self, launch: Launch) -> int:
+        gpu = self.gpu
+        if launch.sram_bytes > gpu.sram_bytes_per_sm:
+            raise HbmsimError(
+                f"kernel {launch.name}: a block needs {launch.sram_bytes} bytes of SRAM, "
+                f"more than sram_bytes_per_sm = {gpu.sram_bytes_per_sm} on {gpu.name}")
+        if launch.sram_bytes <= 0:
+            return gpu.max_blocks_per_sm
+        return min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // launch.sram_bytes)
+
+    def _alloc(self, tensors) -> None:
+        self.live_bytes += sum(t.nbytes for t in tensors)
+        self.hbm_peak_bytes = max(self.hbm_peak_bytes, self.live_bytes)
+        if self.live_bytes > self.gpu.hbm_capacity_bytes:
+            raise HbmsimError(
+                f"HBM footprint {self.live_bytes} bytes exceeds hbm_capacity_bytes = "
+                f"{self.gpu.hbm_capacity_bytes} on {self.gpu.name}")
+
+    def _run_launch(self, launch: Launch):
+        env = self.env
+        slots = self.slots_per_sm(launch)
+        self._alloc(launch.allocs)
+        k = KernelResult(launch.name, launch.grid, launch.sram_bytes, slots, start_s=env.now)
+        self.kernels.append(k)
+        n_workers = min(slots * self.gpu.sm_count, launch.grid)
+        state = {"next": 0, "running": n_workers, "done": env.event()}
+        resident = [0] * self.gpu.sm_count
+        for w in range(n_workers):
+            env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
+        if n_workers:
+            yield state["done"]
+        k.end_s = env.now
+        self.live_bytes -= sum(t.nbytes for t in launch.frees)
+
+    def _worker(self, launch: Launch, sm: int, k: KernelResult, state: dict, resident: list):
+        """One block slot on one SM: runs blocks in linear order until the grid is exhausted."""
+        ctx = BlockContext(self, sm, k)
+        block_fn = launch.block
+        resident[sm] += launch.sram_bytes
+        self.sram_peak_bytes = max(self.sram_peak_bytes, resident[sm])
+        while state["next"] < launch.grid:
+            ctx.block = state["next"]
+            state["next"] += 1
+            yield from block_fn(ctx, ctx.block)
+        resident[sm] -= launch.sram_bytes
+        state["running"] -= 1
+        if state["running"] == 0:
+            state["done"].succeed()
+
+    def _flush_l2(self):
+        if self.l2 is None:
+            return
+        dirty = self.l2.flush()
+        if not dirty:
+            return
+        k = KernelResult("l2_writeback", 0, 0, 0, start_s=self.env.now)
+        self.kernels.append(k)
+        for name, nb in dirty:
+            k.traffic(name).hbm_write += nb
+        # One request for the lot: the same bytes at the same shared bandwidth.
+        yield self.hbm.request(sum(nb for _, nb in dirty))
+        k.end_s = self.env.now
+
+    def _main(self, program: Program):
+        self._alloc(program.inputs)
+        for launch in program.launches:
+            yield from self._run_launch(launch)
+        yield from self._flush_l2()
+
+    def run(self, program: Program) -> SimResult:
+        for launch in program.launches:   # fail before simulating anything
+            self.slots_per_sm(launch)
+        self.env.process(self._main(program))
+        self.env.run()
+        events = next(self.env._eid)   # SimPy numbers every event it schedules; this is the count
+        return SimResult(
+            program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
+            kernels=self.kernels, time_s=self.env.now,
+            hbm_peak_bytes=self.hbm_peak_bytes, sram_peak_bytes=self.sram_peak_bytes,
+            hbm_busy_s=self.hbm.busy_s, compute_busy_s=max(p.busy_s for p in self.sms),
+            sim_events=events,
+            outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
+        )
+
+
+def simulate(gpu: GPU, program: Program, trace: Callable | None = None) -> SimResult:
+    """Run `program` on a fresh machine built from `gpu`."""
+    return Machine(gpu, trace).run(program)

@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+
+from hbmsim.algorithms.workload import AttentionData, Workload
+from hbmsim.simulator import GPU, load_gpu
+from hbmsim.scenarios.experiment import HARDWARE_DIR
+
+# The seed example of the spine issue.
+SEED_Q = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]], float)
+SEED_K = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], float)
+SEED_V = np.arange(1, 17, dtype=float).reshape(4, 4)
+SEED_O = np.array([[7.20, 8.20, 9.20, 10.20], [9.88, 10.88, 11.88, 12.88],
+                   [6.08, 7.08, 8.08, 9.08], [7.92, 8.92, 9.92, 10.92]])
+
+
+def tiny_gpu(**over) -> GPU:
+    """A small made-up GPU for fast unit tests (not a preset: numbers chosen for easy arithmetic)."""
+    spec = dict(name="tiny", sm_count=4, clock_hz=1e9, hbm_bytes_per_s=1e11, hbm_latency_s=1e-7,
+                hbm_capacity_bytes=10**10, sram_bytes_per_sm=65536, sram_bytes_per_s_per_sm=1e11,
+                matmul_flops_per_s=4e12, vector_flops_per_s=4e11, l2_bytes=0, l2_bytes_per_s=0.0,
+                max_blocks_per_sm=8)
+    spec.update(over)
+    return GPU(**spec)
+
+
+@pytest.fixture
+def gpu():
+    return tiny_gpu()
+
+
+@pytest.fixture(scope="session")
+def a100():
+    return load_gpu(HARDWARE_DIR / "a100-sxm4-40gb.toml")
+
+
+@pytest.fixture(scope="session")
+def h100():
+    return load_gpu(HARDWARE_DIR / "h100-sxm5-80gb.toml")
+
+
+def seed_case(dtype="fp32"):
+    wl = Workload(1, 1, 4, 4, 4, dtype=dtype, scale=1.0)
+    return wl, AttentionData(SEED_Q[None, None].copy(), SEED_K[None, None].copy(), SEED_V[None, None].copy())

@@ -1,0 +1,168 @@
+"""The hbmsim command: demo, run, hardware, bench, and one clear line + exit 2 for bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hbmsim.scenarios.cli import main
+from hbmsim.scenarios.experiment import EXPERIMENTS_DIR, load_experiment
+
+GOOD = """
+name = "t"
+hardware = "a100-sxm4-40gb"
+[workload]
+batch = 1
+heads = 2
+seq_len = 64
+head_dim = 32
+[[runs]]
+algorithm = "flash2"
+block_q = 32
+block_kv = 32
+"""
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def scenario(tmp_path, text):
+    p = tmp_path / "exp.toml"
+    p.write_text(text)
+    return str(p)
+
+
+BAD = [
+    (GOOD.replace("batch = 1\n", ""), "missing field 'batch'"),
+    (GOOD.replace("heads = 2", "heads = -2"), "field 'heads' = -2 must be a whole number >= 1"),
+    (GOOD.replace("seq_len = 64", "seq_len = 0"), "field 'seq_len_q' = 0 must be a whole number >= 1"),
+    (GOOD.replace("seq_len = 64", "seq_len_q = 64"), "missing field 'seq_len'"),
+    (GOOD.replace("seq_len = 64", "seq_len = 64\nseq_len_q = 64"), "give either 'seq_len' or 'seq_len_q'"),
+    (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "field 'algorithm' = 'flash3' must be one of"),
+    (GOOD.replace("block_q = 32", "block_q = 0"), "field 'block_q' = 0 must be a whole number >= 1 or \"auto\""),
+    (GOOD.replace("block_q = 32", "block_q = 512").replace("head_dim = 32", "head_dim = 128").replace(
+        "block_kv = 32", "block_kv = 512"), "a block needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
+    (GOOD.replace("head_dim = 32", 'head_dim = 32\ndtype = "fp8"'), "field 'dtype' = 'fp8' must be one of fp16, bf16, fp32"),
+    (GOOD.replace("head_dim = 32", "head_dim = 32\ndropout = 1.5"), "field 'dropout' = 1.5 must be a number in [0, 1)"),
+    (GOOD.replace("head_dim = 32", 'head_dim = 32\ncausal = "yes"'), "field 'causal' = 'yes' must be true or false"),
+    (GOOD.replace('hardware = "a100-sxm4-40gb"', 'hardware = "b200"'), "hardware 'b200' is neither a preset"),
+    (GOOD + "[hardware_overrides]\nwarp_size = 32\n", "unknown hardware field 'warp_size'"),
+    (GOOD + "[hardware_overrides]\nhbm_bytes_per_s = -1.0\n", "field 'hbm_bytes_per_s' = -1.0 must be > 0"),
+    (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload nor a run field"),
+    (GOOD + "[sweep]\nseq_len = 128\n", "[sweep]: 'seq_len' = 128 must be a non-empty list"),
+    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["backward"]'), "field 'passes' has 'backward'"),
+    (GOOD.replace("block_kv = 32", "block_kv = 32\ntile_m = 64"), "field 'tile_m' does not apply to algorithm 'flash2'"),
+    (GOOD + "colour = 1\n", "unknown field 'colour'"),
+    (GOOD.split("[[runs]]")[0], "needs at least one [[runs]] table"),
+    (GOOD.replace("[workload]", "[workload"), "not valid TOML"),
+    (GOOD.replace("batch = 1", "batch = 100000").replace("seq_len = 64", "seq_len = 65536"),
+     "HBM footprint"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_scenario_one_line_exit_2(tmp_path, capsys, text, message):
+    code, out, err = run_cli(capsys, "run", scenario(tmp_path, text), "--count-only")
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hbmsim: error: "), err
+    assert message in lines[0]
+    assert "Traceback" not in err
+
+
+def test_missing_file_exit_2(capsys):
+    code, _, err = run_cli(capsys, "run", "/nonexistent/x.toml")
+    assert code == 2 and "experiment '/nonexistent/x.toml' not found" in err
+
+
+def test_bad_input_through_the_installed_command(tmp_path):
+    p = scenario(tmp_path, GOOD.replace("heads = 2", "heads = -2"))
+    proc = subprocess.run([sys.executable, "-m", "hbmsim.scenarios.cli", "run", p], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "field 'heads' = -2" in proc.stderr
+
+
+def test_run_json_to_stdout_is_only_json(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "run", scenario(tmp_path, GOOD), "--json", "-")
+    assert code == 0
+    runs = json.loads(out)["runs"]
+    assert len(runs) == 1
+    r = runs[0]
+    assert r["algorithm"] == "flash2" and r["pass"] == "forward" and r["source"] == "predicted"
+    assert r["workload"]["seq_len"] == 64 and r["block_q"] == 32
+    # Q, K re-read once per query block (2 blocks): counts are the closed form
+    assert r["tensors"]["K"]["read"] == 2 * 2 * 64 * 32 * 2
+    assert r["max_abs_error"] < 1e-12
+    for key in ("hbm_read_bytes", "hbm_write_bytes", "global_read_bytes", "global_write_bytes", "hbm_peak_bytes",
+                "sram_peak_bytes", "matmul_flops", "vector_flops", "time_s", "cycles", "bound", "kernels", "tensors"):
+        assert key in r
+
+
+def test_run_prints_table_and_plot(tmp_path, capsys):
+    exp = scenario(tmp_path, GOOD.replace("block_kv = 32", "block_kv = 32\n[[runs]]\nalgorithm = \"standard\"")
+                   + "[sweep]\nseq_len = [64, 128]\n")
+    png = tmp_path / "p.png"
+    code, out, err = run_cli(capsys, "run", exp, "--plot", str(png), "--json", str(tmp_path / "r.json"))
+    assert code == 0 and png.stat().st_size > 10000
+    assert "standard/flash2: HBM bytes" in out and "predicted" in out
+    assert "[4/4]" in err
+    assert len(json.loads((tmp_path / "r.json").read_text())["runs"]) == 4
+
+
+def test_trace_is_readable(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "run", scenario(tmp_path, GOOD), "--trace", "3")
+    assert code == 0
+    lines = [l for l in out.splitlines() if " us  SM" in l]
+    assert len(lines) == 3
+    assert lines[0].split() == ["0.000", "us", "SM0", "flash2_fwd", "block", "0:", "load", "Q[0][0:32,", "0:32]", "2048", "B"]
+
+
+def test_sweep_expands_cartesian_product():
+    exp = load_experiment(EXPERIMENTS_DIR / "demo.toml")
+    assert [(c.run.algorithm, c.workload.seq_len_q) for c in exp.configs][:4] == [
+        ("standard", 256), ("flash2", 256), ("standard", 512), ("flash2", 512)]
+    exp = load_experiment("block-sweep")
+    assert [c.run.params["block_kv"] for c in exp.configs] == [32, 64, 128, 256]
+
+
+def test_every_shipped_experiment_loads():
+    for p in EXPERIMENTS_DIR.glob("*.toml"):
+        assert load_experiment(p).configs
+
+
+def test_small_masked_experiment_checks_numerics(capsys):
+    code, out, _ = run_cli(capsys, "run", "small-masked", "--json", "-")
+    runs = json.loads(out)["runs"]
+    assert code == 0 and [r["algorithm"] for r in runs] == ["standard", "flash1", "flash2"]
+    assert all(r["max_abs_error"] < 1e-12 for r in runs)
+    assert runs[2]["block_q"] == 32 and runs[2]["block_kv"] == 77   # auto: min(M/4d, d), clamped to N_kv
+
+
+def test_hardware_list_and_detail(capsys):
+    code, out, _ = run_cli(capsys, "hardware")
+    assert code == 0 and "a100-sxm4-40gb" in out and "h100-sxm5-80gb" in out
+    code, out, _ = run_cli(capsys, "hardware", "h100-sxm5-80gb")
+    assert code == 0 and "sm_count" in out and "132" in out and "whitepaper" in out
+
+
+def test_demo_writes_figure_and_table(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "demo", "--out", str(tmp_path / "d"))
+    assert code == 0
+    assert (tmp_path / "d" / "demo.png").stat().st_size > 20000
+    runs = json.loads((tmp_path / "d" / "demo.json").read_text())["runs"]
+    assert {r["workload"]["seq_len"] for r in runs} == {256, 512, 1024, 2048, 4096}
+    assert "max |O - reference| =" in out and "standard/flash2: HBM bytes" in out
+    by = {(r["algorithm"], r["workload"]["seq_len"]): r for r in runs}
+    for n in (1024, 2048, 4096):
+        assert by["flash2", n]["time_s"] < by["standard", n]["time_s"]
+
+
+def test_bench_reports_wall_time_and_ratio(capsys):
+    from hbmsim.scenarios.bench import bench
+    result = bench("small-masked", progress=False)
+    assert result["sim_events"] == sum(r["sim_events"] for r in result["runs"]) > 0
+    assert result["ratio_to_bare_simpy"] > 0 and result["mode"] == "count-only"
