@@ -17,7 +17,7 @@ import math
 
 from .common import STATS_DTYPE, MASK_DTYPE, INDEX_DTYPE
 from .flash1 import flash1_first_q_block
-from .standard import GEMM_TILE, ROWS_PER_BLOCK, gemm_tiles
+from .standard import GEMM_TILE, gemm_tiles
 from .workload import Workload, causal_kv_end
 from hbmsim.simulator import DTYPE_BYTES
 
@@ -101,10 +101,10 @@ def gemm_io(g: int, m: int, n: int, k: int, e: int, tile: tuple) -> tuple[int, i
     return g * m * k * e * math.ceil(n / tn), g * k * n * e * math.ceil(m / tm), g * m * n * e
 
 
-def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE, rows_per_block: int = ROWS_PER_BLOCK) -> dict:
+def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     nn = g * nq * nk                        # elements of S (and of P)
-    panels = math.ceil(nq / min(rows_per_block, nq))
+    panels = math.ceil(nq / min(gemm_tile[0], nq))     # row panels of the elementwise kernels
     io: dict = {}
     q_r, k_r, s_w = gemm_io(g, nq, nk, d, e, gemm_tile)
     _add(io, "Q", read=q_r)

@@ -7,8 +7,10 @@ Kernels, in order (each a separate launch, as in eager PyTorch):
   softmax   P = softmax(S)       row-wise: reads S, writes P; fully masked rows give 0
   dropout   P = P * keep/(1-p)   (dropout > 0) reads P, writes P and the 1-byte keep mask
   gemm_pv   O = P V              tiled GEMM, writes O
-Elementwise and row-wise kernels work on panels of `rows_per_block` full rows and stream
-through registers (no shared memory). S is freed after the softmax, P after gemm_pv.
+Elementwise and row-wise kernels work on panels of tile_m full rows and stream through
+registers (no shared memory). They touch S in the tile_m x tile_n tiles gemm_qk wrote, and P in
+the tile_m x tile_k tiles gemm_pv reads, so the L2 model can see reuse across kernels.
+S is freed after the softmax, P after gemm_pv.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from .common import MASK_DTYPE, input_tensors, keep_groups, output
 from .workload import AttentionData, Workload, allowed
 
 GEMM_TILE = (128, 128, 64)     # (tile_m, tile_n, tile_k): CUTLASS's default sm80 fp16 tensor-op tile
-ROWS_PER_BLOCK = 128
 SOFTMAX_VECTOR_FLOPS = 5       # per element: max, subtract + exp, sum, divide
 
 
@@ -64,8 +65,21 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
     return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(e, tm, tn, tk), block, allocs, frees)
 
 
-def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
-                     rows_per_block: int = ROWS_PER_BLOCK) -> Program:
+def col_chunks(n: int, width: int) -> list[slice]:
+    return [slice(c, min(n, c + width)) for c in range(0, n, width)]
+
+
+def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list):
+    """A row panel, fetched as the tiles of `chunks` in one go; returns it whole (or None)."""
+    tiles = yield from ctx.load_tiles(*[(T[g], rows, c) for c in chunks])
+    return None if tiles[0] is None else np.hstack(tiles)
+
+
+def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
+    yield from ctx.store_tiles(*[(T[g], rows, c, None if value is None else value[:, c]) for c in chunks])
+
+
+def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     t = input_tensors(wl, data)
     Q, K, V = t["Q"], t["K"], t["V"]
@@ -73,23 +87,24 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
     S = output(wl, "S", nq, nk, wl.dtype, data)
     P = output(wl, "P", nq, nk, wl.dtype, data)
     O = output(wl, "O", nq, d, wl.dtype, data)
-    rpb = min(rows_per_block, nq)
+    rpb, s_width, _ = gemm_tiles(nq, nk, d, gemm_tile)        # gemm_qk's output tiles
+    _, _, p_width = gemm_tiles(nq, d, nk, gemm_tile)          # gemm_pv's A-operand tiles
+    s_chunks, p_chunks = col_chunks(nk, s_width), col_chunks(nk, p_width)
     panels = math.ceil(nq / rpb)
-    full = slice(0, nk)
     inputs = [Q, K, V]
 
     def panel(index):
         g, i = divmod(index, panels)
         return g, slice(i * rpb, min(nq, (i + 1) * rpb))
 
-    def scale_block(ctx, index):
-        g, rows = panel(index)
-        s = yield from ctx.load(S[g], rows, full)
-        yield from ctx.compute(vector_flops=s_size(rows))
-        yield from ctx.store(S[g], rows, full, None if s is None else wl.softmax_scale * s)
-
     def s_size(rows):
         return (rows.stop - rows.start) * nk
+
+    def scale_block(ctx, index):
+        g, rows = panel(index)
+        s = yield from load_panel(ctx, S, g, rows, s_chunks)
+        yield from ctx.compute(vector_flops=s_size(rows))
+        yield from store_panel(ctx, S, g, rows, s_chunks, None if s is None else wl.softmax_scale * s)
 
     launches = [gemm_launch("gemm_qk", Q, K, S, True, gemm_tile, allocs=(S,)),
                 Launch("scale", g_count * panels, 0, scale_block)]
@@ -105,22 +120,24 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
 
         def mask_block(ctx, index):
             g, rows = panel(index)
-            tiles = [(S[g], rows, full)]
+            tiles = [(S[g], rows, c) for c in s_chunks]
             if CM is not None:
-                tiles.append((CM[0], rows, full))
+                tiles += [(CM[0], rows, c) for c in s_chunks]
             if KPM is not None:
-                tiles.append((KPM[g // wl.heads], slice(0, 1), full))
-            s = (yield from ctx.load_tiles(*tiles))[0]
+                tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
+            got = yield from ctx.load_tiles(*tiles)
             yield from ctx.compute(vector_flops=s_size(rows))
+            s = None
             if numeric:
                 kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
+                s = np.hstack(got[:len(s_chunks)])
                 s = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), s, -np.inf)
-            yield from ctx.store(S[g], rows, full, s)
+            yield from store_panel(ctx, S, g, rows, s_chunks, s)
         launches.append(Launch("mask", g_count * panels, 0, mask_block))
 
     def softmax_block(ctx, index):
         g, rows = panel(index)
-        s = yield from ctx.load(S[g], rows, full)
+        s = yield from load_panel(ctx, S, g, rows, s_chunks)
         yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * s_size(rows))
         p = None
         if numeric:
@@ -128,7 +145,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
             ex = np.exp(s - np.where(np.isfinite(mx), mx, 0.0))
             tot = ex.sum(axis=1, keepdims=True)
             p = np.divide(ex, tot, out=np.zeros_like(ex), where=tot > 0)
-        yield from ctx.store(P[g], rows, full, p)
+        yield from store_panel(ctx, P, g, rows, p_chunks, p)
     launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,)))
 
     frees_after_pv = [P]
@@ -139,10 +156,12 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
 
         def dropout_block(ctx, index):
             g, rows = panel(index)
-            p = yield from ctx.load(P[g], rows, full)
+            p = yield from load_panel(ctx, P, g, rows, p_chunks)
             yield from ctx.compute(vector_flops=2 * s_size(rows))
-            yield from ctx.store(P[g], rows, full, None if p is None else p * keep[g, rows, :])
-            yield from ctx.store(DM[g], rows, full, None if p is None else (keep[g, rows, :] > 0).astype(float))
+            k = None if p is None else keep[g, rows, :]
+            yield from ctx.store_tiles(*[(P[g], rows, c, None if p is None else p[:, c] * k[:, c]) for c in p_chunks],
+                                       *[(DM[g], rows, c, None if p is None else (k[:, c] > 0).astype(float))
+                                         for c in p_chunks])
         launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(DM,)))
 
     launches.append(gemm_launch("gemm_pv", P, V, O, False, gemm_tile, allocs=(O,), frees=tuple(frees_after_pv)))

@@ -78,7 +78,7 @@ def seed_example() -> str:
     o_ref, _ = attention_forward(wl, data())
     gpu = load_gpu(HARDWARE_DIR / "a100-sxm4-40gb.toml")
     lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator", np.array2string(o_ref[0, 0], precision=2)]
-    for prog in (standard_forward(wl, data(), (2, 2, 2), 2), flash1_forward(wl, 2, 2, data()), flash2_forward(wl, 2, 2, data())):
+    for prog in (standard_forward(wl, data(), (2, 2, 2)), flash1_forward(wl, 2, 2, data()), flash2_forward(wl, 2, 2, data())):
         o = simulate(gpu, prog).outputs["O"][0]
         lines.append(f"  {prog.name:17s} max |O - reference| = {np.max(np.abs(o - o_ref[0, 0])):.1e}")
     return "\n".join(lines)

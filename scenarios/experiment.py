@@ -22,7 +22,7 @@ PASSES = ("forward",)             # backward: issue 3
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
                    "causal", "key_padding_mask", "dropout", "scale")
 FLASH_FIELDS = ("block_q", "block_kv")
-STANDARD_FIELDS = ("tile_m", "tile_n", "tile_k", "rows_per_block")
+STANDARD_FIELDS = ("tile_m", "tile_n", "tile_k")
 RUN_FIELDS = ("algorithm", "passes") + FLASH_FIELDS + STANDARD_FIELDS
 TOP_FIELDS = ("name", "description", "hardware", "hardware_overrides", "workload", "runs", "sweep")
 
@@ -31,7 +31,7 @@ TOP_FIELDS = ("name", "description", "hardware", "hardware_overrides", "workload
 class RunSpec:
     algorithm: str
     passes: tuple = ("forward",)
-    params: dict = field(default_factory=dict, hash=False)   # block_q/block_kv or tile_*/rows_per_block
+    params: dict = field(default_factory=dict, hash=False)   # block_q/block_kv or tile_m/tile_n/tile_k
 
 
 @dataclass(frozen=True)

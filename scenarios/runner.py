@@ -15,7 +15,7 @@ from hbmsim.algorithms.blocks import auto_blocks
 from hbmsim.algorithms.flash1 import flash1_forward
 from hbmsim.algorithms.flash2 import flash2_forward
 from hbmsim.algorithms.reference import attention_forward
-from hbmsim.algorithms.standard import GEMM_TILE, ROWS_PER_BLOCK, standard_forward
+from hbmsim.algorithms.standard import GEMM_TILE, standard_forward
 from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import simulate
 
@@ -31,7 +31,7 @@ def mapping(cfg: Config) -> dict:
     wl, p = cfg.workload, cfg.run.params
     if cfg.run.algorithm == "standard":
         return {"tile_m": p.get("tile_m", GEMM_TILE[0]), "tile_n": p.get("tile_n", GEMM_TILE[1]),
-                "tile_k": p.get("tile_k", GEMM_TILE[2]), "rows_per_block": p.get("rows_per_block", ROWS_PER_BLOCK)}
+                "tile_k": p.get("tile_k", GEMM_TILE[2])}
     br, bc = auto_blocks(cfg.gpu.sram_bytes_per_sm, wl.itemsize, wl.head_dim, wl.seq_len_q, wl.seq_len_kv)
     bq, bkv = p.get("block_q", "auto"), p.get("block_kv", "auto")
     return {"block_q": br if bq == "auto" else bq, "block_kv": bc if bkv == "auto" else bkv}
@@ -40,7 +40,7 @@ def mapping(cfg: Config) -> dict:
 def build_program(cfg: Config, data=None):
     wl, mp = cfg.workload, mapping(cfg)
     if cfg.run.algorithm == "standard":
-        return standard_forward(wl, data, (mp["tile_m"], mp["tile_n"], mp["tile_k"]), mp["rows_per_block"])
+        return standard_forward(wl, data, (mp["tile_m"], mp["tile_n"], mp["tile_k"]))
     build = flash2_forward if cfg.run.algorithm == "flash2" else flash1_forward
     return build(wl, mp["block_q"], mp["block_kv"], data)
 

@@ -36,6 +36,7 @@ class Launch:
     block: Callable
     allocs: tuple = ()      # tensors that come to exist in HBM when this launch starts
     frees: tuple = ()       # tensors released after it ends
+    pass_name: str = "forward"   # which pass of a training step the kernel belongs to
 
 
 @dataclass
@@ -68,38 +69,64 @@ class BlockContext:
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
         for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
+        yield from self._transfer(tiles, False)
+        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
+
+    def store(self, view: TensorView, rows: slice, cols: slice, value=None):
+        """Write one tile back to global memory (value is ignored in count-only mode)."""
+        yield from self.store_tiles((view, rows, cols, value))
+
+    def store_tiles(self, *tiles):
+        """Issue several tile stores at once and wait for all; each is (view, rows, cols, value)."""
+        for view, rows, cols, value in tiles:
+            t = view.tensor
+            if t.data is not None:
+                shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
+                if value is None or value.shape != shape:
+                    got = None if value is None else value.shape
+                    raise HbmsimError(f"store to {t.name}: value shape {got} disagrees with tile {shape}")
+                t.data[view.group, rows, cols] = value
+        yield from self._transfer(tiles, True)
+
+    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None):
+        """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
+        counted as a read and a write of the tile."""
+        t = view.tensor
+        if t.data is not None:
+            shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
+            if value is None or value.shape != shape:
+                raise HbmsimError(f"atomic_add to {t.name}: value shape {None if value is None else value.shape} "
+                                  f"disagrees with tile {shape}")
+            t.data[view.group, rows, cols] += value
+        yield from self._transfer(((view, rows, cols),), False, also_write=True)
+
+    def _transfer(self, tiles, write: bool, also_write: bool = False):
         m = self._m
         hbm_bytes = l2_bytes = 0
-        for view, rows, cols in tiles:
+        for tile in tiles:
+            view, rows, cols = tile[0], tile[1], tile[2]
             t = view.tensor
             nbytes = _span(rows, t.shape[1], "row", t) * _span(cols, t.shape[2], "col", t) * t.itemsize
             key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
-            if m.account(self, t, key, nbytes, False):
+            if m.account(self, t, key, nbytes, write):
                 hbm_bytes += nbytes
             else:
                 l2_bytes += nbytes
-        # Both requests are issued before the first wait: the load ends when the later one does.
+            if also_write:
+                if m.account(self, t, key, nbytes, True):
+                    hbm_bytes += nbytes
+                else:
+                    l2_bytes += nbytes
+        if m.writeback_bytes:
+            m.hbm.request(m.writeback_bytes)
+            m.writeback_bytes = 0
+        # Both requests are issued before the first wait: the transfer ends when the later one does.
         hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
         l2_ev = m.l2_pool.request(l2_bytes) if l2_bytes else None
         if hbm_ev is not None:
             yield hbm_ev
         if l2_ev is not None:
             yield l2_ev
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
-
-    def store(self, view: TensorView, rows: slice, cols: slice, value=None):
-        """Write one tile back to global memory (value is ignored in count-only mode)."""
-        t, g = view.tensor, view.group
-        nr, nc = _span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t)
-        if t.data is not None:
-            if value is None or value.shape != (nr, nc):
-                got = None if value is None else value.shape
-                raise HbmsimError(f"store to {t.name}: value shape {got} disagrees with tile ({nr}, {nc})")
-            t.data[g, rows, cols] = value
-        key = (t.uid, g, rows.start, rows.stop, cols.start, cols.stop)
-        nbytes = nr * nc * t.itemsize
-        m = self._m
-        yield (m.hbm if m.account(self, t, key, nbytes, True) else m.l2_pool).request(nbytes)
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
         """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
@@ -119,9 +146,8 @@ class Machine:
         self._vec_rate = gpu.vector_flops_per_s_per_sm
         self._sram_rate = gpu.sram_bytes_per_s_per_sm
         self.kernels: list[KernelResult] = []
+        self.writeback_bytes = 0      # dirty L2 evictions not yet sent to HBM
         self.live_bytes = 0
-        self.hbm_peak_bytes = 0
-        self.sram_peak_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
     def account(self, ctx: BlockContext, t: Tensor, key, nbytes: int, write: bool) -> bool:
@@ -141,9 +167,9 @@ class Machine:
                 traffic.hbm_read += nbytes
             return True
         hit, evicted = self.l2.access(key, nbytes, t.name, write)
-        for name, nb in evicted:  # write-backs: DRAM bandwidth used, nobody waits on them
+        for name, nb in evicted:  # write-backs: issued by _transfer as one request nobody waits on
             ctx.kernel.traffic(name).hbm_write += nb
-            self.hbm.request(nb)
+            self.writeback_bytes += nb
         if hit or write:
             return False
         traffic.hbm_read += nbytes
@@ -173,18 +199,23 @@ class Machine:
 
     def _alloc(self, tensors) -> None:
         self.live_bytes += sum(t.nbytes for t in tensors)
-        self.hbm_peak_bytes = max(self.hbm_peak_bytes, self.live_bytes)
         if self.live_bytes > self.gpu.hbm_capacity_bytes:
             raise HbmsimError(
                 f"HBM footprint {self.live_bytes} bytes exceeds hbm_capacity_bytes = "
                 f"{self.gpu.hbm_capacity_bytes} on {self.gpu.name}")
 
+    def _busy(self) -> tuple[float, list]:
+        self.hbm._advance(self.env.now)
+        return self.hbm.busy_s, [p.busy_s for p in self.sms]
+
     def _run_launch(self, launch: Launch):
         env = self.env
         slots = self.slots_per_sm(launch)
         self._alloc(launch.allocs)
-        k = KernelResult(launch.name, launch.grid, launch.sram_bytes, slots, start_s=env.now)
+        k = KernelResult(launch.name, launch.grid, launch.sram_bytes, slots, launch.pass_name,
+                         start_s=env.now, hbm_peak_bytes=self.live_bytes)
         self.kernels.append(k)
+        hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
         state = {"next": 0, "running": n_workers, "done": env.event()}
         resident = [0] * self.gpu.sm_count
@@ -193,6 +224,9 @@ class Machine:
         if n_workers:
             yield state["done"]
         k.end_s = env.now
+        hbm1, sms1 = self._busy()
+        k.hbm_busy_s = hbm1 - hbm0
+        k.compute_busy_s = max(b - a for a, b in zip(sms0, sms1))
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
 
     def _worker(self, launch: Launch, sm: int, k: KernelResult, state: dict, resident: list):
@@ -200,7 +234,7 @@ class Machine:
         ctx = BlockContext(self, sm, k)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
-        self.sram_peak_bytes = max(self.sram_peak_bytes, resident[sm])
+        k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
         while state["next"] < launch.grid:
             ctx.block = state["next"]
             state["next"] += 1
@@ -216,13 +250,17 @@ class Machine:
         dirty = self.l2.flush()
         if not dirty:
             return
-        k = KernelResult("l2_writeback", 0, 0, 0, start_s=self.env.now)
+        last = self.kernels[-1] if self.kernels else None
+        k = KernelResult("l2_writeback", 0, 0, 0, last.pass_name if last else "forward", start_s=self.env.now,
+                         hbm_peak_bytes=self.live_bytes)
         self.kernels.append(k)
+        hbm0, _ = self._busy()
         for name, nb in dirty:
             k.traffic(name).hbm_write += nb
         # One request for the lot: the same bytes at the same shared bandwidth.
         yield self.hbm.request(sum(nb for _, nb in dirty))
         k.end_s = self.env.now
+        k.hbm_busy_s = self._busy()[0] - hbm0
 
     def _main(self, program: Program):
         self._alloc(program.inputs)
@@ -238,10 +276,7 @@ class Machine:
         events = next(self.env._eid)   # SimPy numbers every event it schedules; this is the count
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
-            kernels=self.kernels, time_s=self.env.now,
-            hbm_peak_bytes=self.hbm_peak_bytes, sram_peak_bytes=self.sram_peak_bytes,
-            hbm_busy_s=self.hbm.busy_s, compute_busy_s=max(p.busy_s for p in self.sms),
-            sim_events=events,
+            kernels=self.kernels, sim_events=events,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )
 

@@ -1,7 +1,8 @@
 """Results of a simulated program: per-kernel and per-tensor counters, times, and the totals.
 
 Every number here was accumulated by the simulator from the program's own loads, stores and
-compute calls; `to_dict` gives DESIGN.md's results schema.
+compute calls; `to_dict` gives DESIGN.md's results schema, for the whole program or for the
+kernels of one pass (forward or backward).
 """
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ class TensorTraffic:
     hbm_read: int = 0      # bytes that reached DRAM
     hbm_write: int = 0
 
+    def add(self, other: "TensorTraffic") -> None:
+        self.read += other.read
+        self.write += other.write
+        self.hbm_read += other.hbm_read
+        self.hbm_write += other.hbm_write
+
 
 @dataclass
 class KernelResult:
@@ -22,11 +29,16 @@ class KernelResult:
     grid: int
     sram_bytes_per_block: int
     blocks_per_sm: int
+    pass_name: str = "forward"
     start_s: float = 0.0
     end_s: float = 0.0
     matmul_flops: int = 0
     vector_flops: int = 0
     sram_read_bytes: int = 0
+    hbm_peak_bytes: int = 0        # HBM footprint while this kernel runs
+    sram_peak_bytes: int = 0       # most SRAM one SM held for this kernel
+    hbm_busy_s: float = 0.0        # time DRAM had a request in flight during this kernel
+    compute_busy_s: float = 0.0    # busiest SM's compute time during this kernel
     tensors: dict = field(default_factory=dict)   # name -> TensorTraffic
 
     def traffic(self, name: str) -> TensorTraffic:
@@ -44,13 +56,13 @@ class KernelResult:
 
     def to_dict(self, clock_hz: float) -> dict:
         return {
-            "name": self.name, "grid": self.grid, "sram_bytes_per_block": self.sram_bytes_per_block,
-            "blocks_per_sm": self.blocks_per_sm,
+            "name": self.name, "pass": self.pass_name, "grid": self.grid,
+            "sram_bytes_per_block": self.sram_bytes_per_block, "blocks_per_sm": self.blocks_per_sm,
             "time_s": self.time_s, "cycles": round(self.time_s * clock_hz),
             "hbm_read_bytes": self.total("hbm_read"), "hbm_write_bytes": self.total("hbm_write"),
             "global_read_bytes": self.total("read"), "global_write_bytes": self.total("write"),
             "matmul_flops": self.matmul_flops, "vector_flops": self.vector_flops,
-            "sram_read_bytes": self.sram_read_bytes,
+            "sram_read_bytes": self.sram_read_bytes, "hbm_peak_bytes": self.hbm_peak_bytes,
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
         }
 
@@ -61,46 +73,57 @@ class SimResult:
     hardware: str
     clock_hz: float
     kernels: list
-    time_s: float
-    hbm_peak_bytes: int
-    sram_peak_bytes: int
-    hbm_busy_s: float          # time DRAM had a request in flight
-    compute_busy_s: float      # busiest SM's compute time (tensor/vector/SRAM pipeline)
     sim_events: int            # SimPy events the run scheduled (for the bench)
     outputs: dict = field(default_factory=dict)   # name -> numpy array (None in count-only)
 
-    def total(self, attr: str) -> int:
-        return sum(k.total(attr) for k in self.kernels)
+    def select(self, pass_name: str | None = None) -> list:
+        return [k for k in self.kernels if pass_name is None or k.pass_name == pass_name]
+
+    def total(self, attr: str, pass_name: str | None = None) -> int:
+        return sum(k.total(attr) for k in self.select(pass_name))
+
+    def time(self, pass_name: str | None = None) -> float:
+        return sum(k.time_s for k in self.select(pass_name))   # kernels run back to back
+
+    def tensors(self, pass_name: str | None = None) -> dict:
+        out: dict = {}
+        for k in self.select(pass_name):
+            for name, t in k.tensors.items():
+                out.setdefault(name, TensorTraffic()).add(t)
+        return out
 
     @property
-    def tensors(self) -> dict:
-        out: dict = {}
-        for k in self.kernels:
-            for name, t in k.tensors.items():
-                acc = out.setdefault(name, TensorTraffic())
-                acc.read += t.read
-                acc.write += t.write
-                acc.hbm_read += t.hbm_read
-                acc.hbm_write += t.hbm_write
-        return out
+    def time_s(self) -> float:
+        return self.time()
 
     @property
     def cycles(self) -> int:
         return round(self.time_s * self.clock_hz)
 
     @property
-    def bound(self) -> str:
-        return "memory" if self.hbm_busy_s >= self.compute_busy_s else "compute"
+    def hbm_peak_bytes(self) -> int:
+        return max((k.hbm_peak_bytes for k in self.kernels), default=0)
 
-    def to_dict(self) -> dict:
+    @property
+    def sram_peak_bytes(self) -> int:
+        return max((k.sram_peak_bytes for k in self.kernels), default=0)
+
+    def bound(self, pass_name: str | None = None) -> str:
+        ks = self.select(pass_name)
+        hbm = sum(k.hbm_busy_s for k in ks)
+        return "memory" if hbm >= sum(k.compute_busy_s for k in ks) else "compute"
+
+    def to_dict(self, pass_name: str | None = None) -> dict:
+        ks = self.select(pass_name)
+        time_s = self.time(pass_name)
         return {
-            "hbm_read_bytes": self.total("hbm_read"), "hbm_write_bytes": self.total("hbm_write"),
-            "global_read_bytes": self.total("read"), "global_write_bytes": self.total("write"),
-            "hbm_peak_bytes": self.hbm_peak_bytes, "sram_peak_bytes": self.sram_peak_bytes,
-            "matmul_flops": sum(k.matmul_flops for k in self.kernels),
-            "vector_flops": sum(k.vector_flops for k in self.kernels),
-            "time_s": self.time_s, "cycles": self.cycles, "bound": self.bound,
-            "hbm_busy_s": self.hbm_busy_s, "compute_busy_s": self.compute_busy_s,
-            "kernels": [k.to_dict(self.clock_hz) for k in self.kernels],
-            "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
+            "hbm_read_bytes": self.total("hbm_read", pass_name), "hbm_write_bytes": self.total("hbm_write", pass_name),
+            "global_read_bytes": self.total("read", pass_name), "global_write_bytes": self.total("write", pass_name),
+            "hbm_peak_bytes": max((k.hbm_peak_bytes for k in ks), default=0),
+            "sram_peak_bytes": max((k.sram_peak_bytes for k in ks), default=0),
+            "matmul_flops": sum(k.matmul_flops for k in ks), "vector_flops": sum(k.vector_flops for k in ks),
+            "time_s": time_s, "cycles": round(time_s * self.clock_hz), "bound": self.bound(pass_name),
+            "hbm_busy_s": sum(k.hbm_busy_s for k in ks), "compute_busy_s": sum(k.compute_busy_s for k in ks),
+            "kernels": [k.to_dict(self.clock_hz) for k in ks],
+            "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors(pass_name).items())},
         }

@@ -19,7 +19,7 @@ GPU = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8)
 
 
 def counted(prog, gpu=GPU):
-    return {name: (t.read, t.write) for name, t in simulate(gpu, prog).tensors.items()}
+    return {name: (t.read, t.write) for name, t in simulate(gpu, prog).tensors().items()}
 
 
 workloads = st.builds(
@@ -42,10 +42,9 @@ def test_flash1_counts_equal_closed_form(wl, bq, bkv):
 
 
 @settings(max_examples=30, deadline=None)
-@given(workloads, st.sampled_from([16, 64, 128]), st.sampled_from([16, 64, 128]), st.sampled_from([16, 32, 64]),
-       st.integers(1, 200))
-def test_standard_counts_equal_closed_form(wl, tm, tn, tk, rows):
-    assert counted(standard_forward(wl, None, (tm, tn, tk), rows)) == F.standard_forward_io(wl, (tm, tn, tk), rows)
+@given(workloads, st.integers(1, 130), st.integers(1, 130), st.integers(1, 70))
+def test_standard_counts_equal_closed_form(wl, tm, tn, tk):
+    assert counted(standard_forward(wl, None, (tm, tn, tk))) == F.standard_forward_io(wl, (tm, tn, tk))
 
 
 def test_flash2_by_hand():
@@ -56,11 +55,11 @@ def test_flash2_by_hand():
 
 
 def test_standard_by_hand():
-    # B*H = 1, N = 256, d = 64, fp16, GEMM tiles 128x128x64, panels of 128 rows.
+    # B*H = 1, N = 256, d = 64, fp16, GEMM tiles 128x128x64; elementwise panels of 128 rows.
     # S = QK^T: Q read once per column tile (2), K once per row tile (2): 2 * 32768 each.
     # S: written by the GEMM, read+written by scale, read by softmax: 131072 B each pass.
     # O = PV: 128x64 output tiles (tile_n clamps to d = 64): P read once, V once per row tile (2).
-    io = counted(standard_forward(Workload(1, 1, 256, 256, 64), None, (128, 128, 64), 128))
+    io = counted(standard_forward(Workload(1, 1, 256, 256, 64), None, (128, 128, 64)))
     assert io == {"Q": (65536, 0), "K": (65536, 0), "S": (2 * 131072, 2 * 131072), "P": (131072, 131072),
                   "V": (65536, 0), "O": (0, 32768)}
 

@@ -16,7 +16,7 @@ GPU = tiny_gpu(sram_bytes_per_sm=1 << 20)
 
 
 def programs(wl, data, bq, bkv):
-    return [standard_forward(wl, data, (bq, bkv, max(1, bkv // 2)), bq),
+    return [standard_forward(wl, data, (bq, bkv, max(1, bkv // 2))),
             flash1_forward(wl, bq, bkv, data), flash2_forward(wl, bq, bkv, data)]
 
 

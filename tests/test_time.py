@@ -48,7 +48,7 @@ def test_flash2_predicted_faster_than_standard_on_a100(a100, n):
     std = simulate(a100, standard_forward(wl))
     fl = simulate(a100, flash2_forward(wl, 128, 128))
     assert fl.time_s < std.time_s
-    assert std.bound == "memory"
+    assert std.bound() == "memory"
 
 
 def test_standard_is_memory_bound_with_time_near_traffic_over_bandwidth(a100):
