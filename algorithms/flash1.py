@@ -45,9 +45,9 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         g, i = divmod(index, tr)
         rows = slice(i * block_q, min(nq, (i + 1) * block_q))
         n = rows.stop - rows.start
-        yield from ctx.store(O[g], rows, all_cols, np.zeros((n, d)) if numeric else None)
-        yield from ctx.store(L[g], rows, one, np.zeros((n, 1)) if numeric else None)
-        yield from ctx.store(M[g], rows, one, np.full((n, 1), -np.inf) if numeric else None)
+        yield from ctx.store_tiles((O[g], rows, all_cols, np.zeros((n, d)) if numeric else None),
+                                   (L[g], rows, one, np.zeros((n, 1)) if numeric else None),
+                                   (M[g], rows, one, np.full((n, 1), -np.inf) if numeric else None))
 
     def block(ctx, g):
         kv_len = None
@@ -73,9 +73,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     o, l, m = _update(wl, scale, q, k, v, o, l[:, 0], m[:, 0],
                                       allowed(wl, kv_len, r0, r1, c0, c1),
                                       None if keep is None else keep[g, r0:r1, c0:c1])
-                yield from ctx.store(O[g], rows, all_cols, o)
-                yield from ctx.store(L[g], rows, one, l)
-                yield from ctx.store(M[g], rows, one, m)
+                yield from ctx.store_tiles((O[g], rows, all_cols, o), (L[g], rows, one, l), (M[g], rows, one, m))
 
     launches = [
         Launch("flash1_init", g_count * tr, 0, init_block, allocs=(O, L, M)),

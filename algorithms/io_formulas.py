@@ -119,11 +119,14 @@ def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
             _add(io, "key_padding_mask", read=g * panels * nk * MASK)
     _add(io, "S", read=nn * e)                          # softmax
     _add(io, "P", write=nn * e)
+    p_used = "P"
     if wl.dropout > 0:
-        _add(io, "P", read=nn * e, write=nn * e)
+        p_used = "P_drop"
+        _add(io, "P", read=nn * e)
+        _add(io, "P_drop", write=nn * e)
         _add(io, "dropout_mask", write=nn * MASK)
     p_r, v_r, o_w = gemm_io(g, nq, d, nk, e, gemm_tile)
-    _add(io, "P", read=p_r)
+    _add(io, p_used, read=p_r)
     _add(io, "V", read=v_r)
     _add(io, "O", write=o_w)
     return io
@@ -131,3 +134,97 @@ def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
 
 def total_io(io: dict) -> tuple[int, int]:
     return sum(r for r, _ in io.values()), sum(w for _, w in io.values())
+
+
+# ---- training step: the forward (saving what the backward needs) plus the backward ----------
+
+def flash2_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
+    """FA2 backward: D and the dQ accumulator (fp32) per query row; per visited (K/V block,
+    query block) pair Q, dO, lse, D read and the dQ accumulator tile read+written (atomics);
+    K, V read once per visited K/V block; dK, dV written once (zeros for unseen blocks)."""
+    g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    kv_rows, q_rows = flash1_q_rows_visited(wl, block_q, block_kv)
+    visited_blocks = sum(1 for c0 in range(0, nk, block_kv)
+                         if flash1_first_q_block(wl, c0, block_q) < math.ceil(nq / block_q))
+    io: dict = {}
+    _add(io, "dO", read=g * nq * d * e)                       # bwd_dot_do_o
+    _add(io, "O", read=g * nq * d * e)
+    _add(io, "D", write=g * nq * STATS)
+    _add(io, "dQ_accum", write=g * nq * d * STATS)
+    _add(io, "K", read=g * kv_rows * d * e)                   # bwd
+    _add(io, "V", read=g * kv_rows * d * e)
+    if wl.key_padding_mask:
+        _add(io, "kv_lens", read=g * visited_blocks * INDEX)
+    _add(io, "Q", read=g * q_rows * d * e)
+    _add(io, "dO", read=g * q_rows * d * e)
+    _add(io, "lse", read=g * q_rows * STATS)
+    _add(io, "D", read=g * q_rows * STATS)
+    _add(io, "dQ_accum", read=g * q_rows * d * STATS, write=g * q_rows * d * STATS)
+    _add(io, "dK", write=g * nk * d * e)
+    _add(io, "dV", write=g * nk * d * e)
+    _add(io, "dQ_accum", read=g * nq * d * STATS)             # bwd_convert_dq
+    _add(io, "dQ", write=g * nq * d * e)
+    return io
+
+
+def flash1_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
+    """FA1 backward (Algorithm 4): dQ, dK, dV zeroed in HBM; per visited pair Q, O, dO, dQ, l, m
+    read and dQ written; K, V read and dK, dV written once per visited K/V block."""
+    g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    kv_rows, q_rows = flash1_q_rows_visited(wl, block_q, block_kv)
+    io: dict = {}
+    _add(io, "dQ", write=g * nq * d * e)                      # bwd_init
+    _add(io, "dK", write=g * nk * d * e)
+    _add(io, "dV", write=g * nk * d * e)
+    if wl.key_padding_mask:
+        _add(io, "kv_lens", read=g * INDEX)
+    for name in ("K", "V"):
+        _add(io, name, read=g * kv_rows * d * e)
+    for name in ("dK", "dV"):
+        _add(io, name, write=g * kv_rows * d * e)
+    for name in ("Q", "O", "dO", "dQ"):
+        _add(io, name, read=g * q_rows * d * e)
+    _add(io, "dQ", write=g * q_rows * d * e)
+    _add(io, "l", read=g * q_rows * STATS)
+    _add(io, "m", read=g * q_rows * STATS)
+    return io
+
+
+def standard_backward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
+    g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    nn = g * nq * nk
+    panels = math.ceil(nq / min(gemm_tile[0], nq))
+    dropout = wl.dropout > 0
+    p_used, d_pd = ("P_drop", "dP_drop") if dropout else ("P", "dP")
+    io: dict = {}
+    a, b, c = gemm_io(g, nk, d, nq, e, gemm_tile)             # gemm_dv: dV = Pd^T dO
+    _add(io, p_used, read=a)
+    _add(io, "dO", read=b)
+    _add(io, "dV", write=c)
+    a, b, c = gemm_io(g, nq, nk, d, e, gemm_tile)             # gemm_dp: dPd = dO V^T
+    _add(io, "dO", read=a)
+    _add(io, "V", read=b)
+    _add(io, d_pd, write=c)
+    if dropout:                                               # dropout_bwd
+        _add(io, "dP_drop", read=nn * e)
+        _add(io, "dropout_mask", read=nn * MASK)
+        _add(io, "dP", write=nn * e)
+    _add(io, "dP", read=nn * e)                               # softmax_bwd
+    _add(io, "P", read=nn * e)
+    _add(io, "dS", write=nn * e)
+    if wl.masked:                                             # mask_bwd
+        _add(io, "dS", read=nn * e, write=nn * e)
+        if wl.causal:
+            _add(io, "causal_mask", read=nn * MASK)
+        if wl.key_padding_mask:
+            _add(io, "key_padding_mask", read=g * panels * nk * MASK)
+    _add(io, "dS", read=nn * e, write=nn * e)                 # scale_bwd
+    a, b, c = gemm_io(g, nq, d, nk, e, gemm_tile)             # gemm_dq: dQ = dS K
+    _add(io, "dS", read=a)
+    _add(io, "K", read=b)
+    _add(io, "dQ", write=c)
+    a, b, c = gemm_io(g, nk, d, nq, e, gemm_tile)             # gemm_dk: dK = dS^T Q
+    _add(io, "dS", read=a)
+    _add(io, "Q", read=b)
+    _add(io, "dK", write=c)
+    return io

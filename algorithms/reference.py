@@ -43,8 +43,8 @@ def attention_backward(wl: Workload, data: AttentionData, d_o: np.ndarray) -> di
     Returns dQ, dK, dV (shapes of q, k, v) and the intermediates P, dP, dS, D for teaching.
     """
     data.check(wl)
-    if d_o.shape != data.q.shape[:3] + (wl.head_dim,):
-        raise HbmsimError(f"input dO: shape {d_o.shape} disagrees with O's {data.q.shape}")
+    if d_o.shape != data.q.shape:
+        raise HbmsimError(f"input dO: shape {d_o.shape} disagrees with the workload's {data.q.shape}")
     if not np.all(np.isfinite(d_o)):
         raise HbmsimError("input dO: contains NaN or inf")
     scale = wl.softmax_scale

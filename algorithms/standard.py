@@ -5,12 +5,13 @@ Kernels, in order (each a separate launch, as in eager PyTorch):
   scale     S = scale * S        elementwise: reads S, writes S
   mask      S = S masked         (causal and/or key padding on) reads S and the bool mask(s)
   softmax   P = softmax(S)       row-wise: reads S, writes P; fully masked rows give 0
-  dropout   P = P * keep/(1-p)   (dropout > 0) reads P, writes P and the 1-byte keep mask
-  gemm_pv   O = P V              tiled GEMM, writes O
+  dropout   Pd = P * keep/(1-p)  (dropout > 0) reads P, writes P_drop and the 1-byte keep mask
+  gemm_pv   O = Pd V             tiled GEMM, writes O
 Elementwise and row-wise kernels work on panels of tile_m full rows and stream through
 registers (no shared memory). They touch S in the tile_m x tile_n tiles gemm_qk wrote, and P in
 the tile_m x tile_k tiles gemm_pv reads, so the L2 model can see reuse across kernels.
-S is freed after the softmax, P after gemm_pv.
+S is freed after the softmax; for inference P (and P_drop, the mask) after their last reader; for
+training (`training=True`) P, P_drop and the mask stay in HBM for the backward pass.
 """
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ from hbmsim.simulator import Launch, Program, Tensor
 from .common import MASK_DTYPE, input_tensors, keep_groups, output
 from .workload import AttentionData, Workload, allowed
 
-GEMM_TILE = (128, 128, 64)     # (tile_m, tile_n, tile_k): CUTLASS's default sm80 fp16 tensor-op tile
+# (tile_m, tile_n, tile_k). A k-step moves a 128-wide slice: CUTLASS's sm80 fp16 128x128x32 tile
+# with a 4-stage cp.async pipeline keeps 4 x 32 = 128 columns of A and B in shared memory (64 KiB),
+# the same footprint as one 128-wide step. Traffic does not depend on tile_k.
+GEMM_TILE = (128, 128, 128)
 SOFTMAX_VECTOR_FLOPS = 5       # per element: max, subtract + exp, sum, divide
 
 
@@ -37,9 +41,11 @@ def gemm_sram_bytes(itemsize: int, tm: int, tn: int, tk: int) -> int:
 
 
 def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, tile: tuple,
-                scale: float = 1.0, allocs=(), frees=()) -> Launch:
-    """C[g] = A[g] @ (B[g]^T if b_transposed else B[g]); one block per (g, C tile), tile_n fastest."""
-    g_count, m, kdim = A.shape
+                scale: float = 1.0, allocs=(), frees=(), a_transposed: bool = False, pass_name: str = "forward") -> Launch:
+    """C[g] = op(A[g]) @ op(B[g]), op = transpose where asked; one block per (g, C tile), tile_n
+    fastest. A transposed operand is read as the transposed tile of its stored layout."""
+    g_count = A.shape[0]
+    m, kdim = (A.shape[2], A.shape[1]) if a_transposed else (A.shape[1], A.shape[2])
     n = C.shape[2]
     tm, tn, tk = gemm_tiles(m, n, kdim, tile)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
@@ -56,13 +62,14 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
         for k0 in range(0, kdim, tk):
             ks = slice(k0, min(kdim, k0 + tk))
             kk = ks.stop - ks.start
-            a, b = yield from ctx.load_tiles((A[g], rows, ks), (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
+            a, b = yield from ctx.load_tiles((A[g], ks, rows) if a_transposed else (A[g], rows, ks),
+                                             (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
             yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * e)
             if numeric:
-                acc += a @ (b.T if b_transposed else b)
+                acc += (a.T if a_transposed else a) @ (b.T if b_transposed else b)
         yield from ctx.store(C[g], rows, cols, None if acc is None else scale * acc)
 
-    return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(e, tm, tn, tk), block, allocs, frees)
+    return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(e, tm, tn, tk), block, allocs, frees, pass_name)
 
 
 def col_chunks(n: int, width: int) -> list[slice]:
@@ -79,7 +86,8 @@ def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
     yield from ctx.store_tiles(*[(T[g], rows, c, None if value is None else value[:, c]) for c in chunks])
 
 
-def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
+def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
+                     training: bool = False) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     t = input_tensors(wl, data)
     Q, K, V = t["Q"], t["K"], t["V"]
@@ -148,27 +156,34 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
         yield from store_panel(ctx, P, g, rows, p_chunks, p)
     launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,)))
 
-    frees_after_pv = [P]
+    outputs = {"O": O}
+    P_used = P
     if wl.dropout > 0:
+        P_used = output(wl, "P_drop", nq, nk, wl.dtype, data)
         DM = output(wl, "dropout_mask", nq, nk, MASK_DTYPE, data)
         keep = keep_groups(wl, data)
-        frees_after_pv.append(DM)
+        outputs.update(P_drop=P_used, dropout_mask=DM)
 
         def dropout_block(ctx, index):
             g, rows = panel(index)
             p = yield from load_panel(ctx, P, g, rows, p_chunks)
             yield from ctx.compute(vector_flops=2 * s_size(rows))
             k = None if p is None else keep[g, rows, :]
-            yield from ctx.store_tiles(*[(P[g], rows, c, None if p is None else p[:, c] * k[:, c]) for c in p_chunks],
+            yield from ctx.store_tiles(*[(P_used[g], rows, c, None if p is None else p[:, c] * k[:, c]) for c in p_chunks],
                                        *[(DM[g], rows, c, None if p is None else (k[:, c] > 0).astype(float))
                                          for c in p_chunks])
-        launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(DM,)))
+        launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(P_used, DM),
+                               frees=() if training else (P,)))
 
-    launches.append(gemm_launch("gemm_pv", P, V, O, False, gemm_tile, allocs=(O,), frees=tuple(frees_after_pv)))
+    launches.append(gemm_launch("gemm_pv", P_used, V, O, False, gemm_tile, allocs=(O,),
+                                frees=() if training else tuple(t for t in (P_used, outputs.get("dropout_mask"))
+                                                                if t is not None)))
+    if training:
+        outputs["P"] = P
     if numeric and wl.masked:
         _fill_masks(wl, data, CM, KPM)
-    return Program("standard_forward", launches, inputs=tuple(inputs) + tuple(v for k, v in t.items() if k not in "QKV"),
-                   outputs={"O": O})
+    extra = tuple(v for k, v in t.items() if k not in "QKV")
+    return Program("standard_forward", launches, inputs=tuple(inputs) + extra, outputs=outputs)
 
 
 def _fill_masks(wl, data, CM, KPM):

@@ -75,16 +75,21 @@ class Workload:
 @dataclass
 class AttentionData:
     """float64 inputs for numerics: q (B,H,Nq,d), k and v (B,H,Nkv,d), kv_lens (B,) or None,
-    keep (B,H,Nq,Nkv) bool or None (dropout keep mask)."""
+    keep (B,H,Nq,Nkv) bool or None (dropout keep mask), d_o (B,H,Nq,d): the output gradient
+    the backward pass starts from (None for forward only)."""
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
     kv_lens: np.ndarray | None = None
     keep: np.ndarray | None = None
+    d_o: np.ndarray | None = None
 
     def check(self, wl: Workload) -> None:
         b, h, nq, nk, d = wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-        for name, arr, want in (("q", self.q, (b, h, nq, d)), ("k", self.k, (b, h, nk, d)), ("v", self.v, (b, h, nk, d))):
+        arrays = [("q", self.q, (b, h, nq, d)), ("k", self.k, (b, h, nk, d)), ("v", self.v, (b, h, nk, d))]
+        if self.d_o is not None:
+            arrays.append(("dO", self.d_o, (b, h, nq, d)))
+        for name, arr, want in arrays:
             if arr.shape != want:
                 raise HbmsimError(f"input {name}: shape {arr.shape} disagrees with the workload's {want}")
             if not np.all(np.isfinite(arr)):
@@ -100,7 +105,7 @@ class AttentionData:
 
 
 def random_data(wl: Workload, seed: int = 0) -> AttentionData:
-    """Standard-normal q, k, v; ragged kv_lens (at least one key each) when padding is on."""
+    """Standard-normal q, k, v and dO; ragged kv_lens (at least one key each) when padding is on."""
     rng = np.random.default_rng(seed)
     b, h, nq, nk, d = wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     q = rng.standard_normal((b, h, nq, d))
@@ -108,7 +113,8 @@ def random_data(wl: Workload, seed: int = 0) -> AttentionData:
     v = rng.standard_normal((b, h, nk, d))
     kv_lens = rng.integers(1, nk + 1, size=b) if wl.key_padding_mask else None
     keep = dropout_keep(wl, seed) if wl.dropout > 0 else None
-    return AttentionData(q, k, v, kv_lens, keep)
+    d_o = rng.standard_normal((b, h, nq, d))
+    return AttentionData(q, k, v, kv_lens, keep, d_o)
 
 
 def dropout_keep(wl: Workload, seed: int) -> np.ndarray:

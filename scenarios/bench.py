@@ -42,9 +42,9 @@ def bench(experiment: str = DEFAULT_EXPERIMENT, progress=True) -> dict:
     runs = []
     for cfg in exp.configs:
         t0 = time.perf_counter()
-        r = run_config(cfg, count_only=True)
+        r = run_config(cfg, count_only=True)[-1]
         wall = time.perf_counter() - t0
-        runs.append({"algorithm": r["algorithm"], "wall_s": round(wall, 3), "sim_events": r["sim_events"],
+        runs.append({"algorithm": r["algorithm"], "pass": r["pass"], "wall_s": round(wall, 3), "sim_events": r["sim_events"],
                      "predicted_time_s": r["time_s"]})
         if progress:
             print(f"bench: {r['algorithm']} simulated in {wall:.2f} s ({r['sim_events']} SimPy events)",

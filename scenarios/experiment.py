@@ -18,7 +18,7 @@ HARDWARE_DIR = Path(__file__).parent / "hardware"
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 
 ALGORITHMS = ("standard", "flash1", "flash2")
-PASSES = ("forward",)             # backward: issue 3
+PASSES = ("forward", "backward")
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
                    "causal", "key_padding_mask", "dropout", "scale")
 FLASH_FIELDS = ("block_q", "block_kv")
@@ -127,8 +127,9 @@ def make_run(where: str, r: dict) -> RunSpec:
         raise HbmsimError(f"{where}: field 'passes' = {passes!r} must be a non-empty list")
     for p in passes:
         if p not in PASSES:
-            raise HbmsimError(f"{where}: field 'passes' has {p!r}; supported: {', '.join(PASSES)}"
-                              + (" (backward programs are not implemented yet)" if p == "backward" else ""))
+            raise HbmsimError(f"{where}: field 'passes' has {p!r}; supported: {', '.join(PASSES)}")
+    if len(set(passes)) != len(passes):
+        raise HbmsimError(f"{where}: field 'passes' = {passes!r} names a pass twice")
     own, other = (FLASH_FIELDS, STANDARD_FIELDS) if alg != "standard" else (STANDARD_FIELDS, FLASH_FIELDS)
     params = {}
     for key in own:

@@ -31,17 +31,17 @@ def _key(r: dict) -> tuple:
 
 
 def table(results: list[dict]) -> str:
-    head = ("algorithm", "N_q x N_kv", "B*H", "d", "mapping", "HBM read", "HBM write", "L2-side R+W",
+    head = ("algorithm", "pass", "N_q x N_kv", "B*H", "d", "mapping", "HBM read", "HBM write", "L2-side R+W",
             "HBM peak", "time (pred.)", "bound")
     rows = [head]
     for r in results:
         w = r["workload"]
-        rows.append((r["algorithm"], f"{w['seq_len_q']}x{w['seq_len_kv']}", str(w["batch"] * w["heads"]),
+        rows.append((r["algorithm"], r["pass"], f"{w['seq_len_q']}x{w['seq_len_kv']}", str(w["batch"] * w["heads"]),
                      str(w["head_dim"]), _mapping(r), fmt_bytes(r["hbm_read_bytes"]), fmt_bytes(r["hbm_write_bytes"]),
                      fmt_bytes(r["global_read_bytes"] + r["global_write_bytes"]), fmt_bytes(r["hbm_peak_bytes"]),
                      fmt_time(r["time_s"]), r["bound"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(wd) if i >= 5 else c.ljust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.rjust(wd) if i >= 6 else c.ljust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * wd for wd in widths))
     return "\n".join(lines)
@@ -63,7 +63,7 @@ def ratios(results: list[dict]) -> str:
             if f is None:
                 continue
             hb = lambda x: x["hbm_read_bytes"] + x["hbm_write_bytes"]
-            lines.append(f"N={w['seq_len_q']}x{w['seq_len_kv']}: standard/{alg}: HBM bytes "
+            lines.append(f"N={w['seq_len_q']}x{w['seq_len_kv']} {std['pass']}: standard/{alg}: HBM bytes "
                          f"{hb(std) / hb(f):.1f}x, predicted time {std['time_s'] / f['time_s']:.2f}x")
     return "\n".join(lines)
 
@@ -78,7 +78,7 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     series = defaultdict(list)
     for r in results:
-        series[r["algorithm"]].append(r)
+        series[r["algorithm"] if r["pass"] == "forward" else f"{r['algorithm']} {r['pass']}"].append(r)
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     styles = {"standard": ("tab:red", "o"), "flash1": ("tab:orange", "s"), "flash2": ("tab:blue", "^")}
     for alg, rs in sorted(series.items()):

@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
+_NONE: list = []     # shared "nothing evicted" (callers only iterate it)
+
+
 class L2Cache:
     def __init__(self, capacity_bytes: int):
         self.capacity_bytes = int(capacity_bytes)
@@ -26,15 +29,17 @@ class L2Cache:
             lines.move_to_end(key)
             if write:
                 line[1] = True
-            return True, []
+            return True, _NONE
         if nbytes > self.capacity_bytes:
             # Larger than the cache: streams straight through (a write goes to HBM now).
-            return False, ([(tensor_name, nbytes)] if write else [])
-        evicted = []
+            return False, ([(tensor_name, nbytes)] if write else _NONE)
+        evicted = _NONE
         while self.used_bytes + nbytes > self.capacity_bytes:
             _, (old_bytes, dirty, old_name) = lines.popitem(last=False)
             self.used_bytes -= old_bytes
             if dirty:
+                if evicted is _NONE:
+                    evicted = []
                 evicted.append((old_name, old_bytes))
         lines[key] = [nbytes, write, tensor_name]
         self.used_bytes += nbytes

@@ -56,10 +56,10 @@ def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
 class BlockContext:
     """What a block sees: load, store, compute (SimPy generators: `yield from ctx.load(...)`)."""
 
-    __slots__ = ("_m", "sm", "kernel", "block")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch")
 
-    def __init__(self, machine: "Machine", sm: int, kernel: KernelResult):
-        self._m, self.sm, self.kernel, self.block = machine, sm, kernel, -1
+    def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: dict):
+        self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
 
     def load(self, view: TensorView, rows: slice, cols: slice):
         """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
@@ -69,7 +69,11 @@ class BlockContext:
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
         for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
-        yield from self._transfer(tiles, False)
+        ev, l2_done_s = self._issue(tiles, False)
+        if ev is not None:
+            yield ev
+        if l2_done_s > self._m.env.now:
+            yield self._m.env.timeout(l2_done_s - self._m.env.now)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
     def store(self, view: TensorView, rows: slice, cols: slice, value=None):
@@ -77,7 +81,9 @@ class BlockContext:
         yield from self.store_tiles((view, rows, cols, value))
 
     def store_tiles(self, *tiles):
-        """Issue several tile stores at once and wait for all; each is (view, rows, cols, value)."""
+        """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
+        stores they do not stall the block: they use bandwidth, and the kernel ends only when
+        all of them have drained."""
         for view, rows, cols, value in tiles:
             t = view.tensor
             if t.data is not None:
@@ -86,11 +92,13 @@ class BlockContext:
                     got = None if value is None else value.shape
                     raise HbmsimError(f"store to {t.name}: value shape {got} disagrees with tile {shape}")
                 t.data[view.group, rows, cols] = value
-        yield from self._transfer(tiles, True)
+        self._m.post(self._launch, *self._issue(tiles, True))
+        return
+        yield  # (a generator like the other context calls)
 
     def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None):
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
-        counted as a read and a write of the tile."""
+        counted as a read and a write of the tile; like a store, it does not stall the block."""
         t = view.tensor
         if t.data is not None:
             shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
@@ -98,35 +106,36 @@ class BlockContext:
                 raise HbmsimError(f"atomic_add to {t.name}: value shape {None if value is None else value.shape} "
                                   f"disagrees with tile {shape}")
             t.data[view.group, rows, cols] += value
-        yield from self._transfer(((view, rows, cols),), False, also_write=True)
+        self._m.post(self._launch, *self._issue(((view, rows, cols),), False, also_write=True))
+        return
+        yield  # (a generator like the other context calls)
 
-    def _transfer(self, tiles, write: bool, also_write: bool = False):
+    def _issue(self, tiles, write: bool, also_write: bool = False):
+        """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part
+        is served). The HBM and L2 parts are in flight together: the transfer ends when the later
+        one does. L2 hits are a FIFO pipe, so their finish time is known now and needs no event
+        of its own unless it comes after the HBM part. (This is the simulator's hot loop.)"""
         m = self._m
         hbm_bytes = l2_bytes = 0
         for tile in tiles:
             view, rows, cols = tile[0], tile[1], tile[2]
             t = view.tensor
-            nbytes = _span(rows, t.shape[1], "row", t) * _span(cols, t.shape[2], "col", t) * t.itemsize
+            _, n_rows, n_cols = t.shape
+            if not (0 <= rows.start < rows.stop <= n_rows and 0 <= cols.start < cols.stop <= n_cols):
+                _span(rows, n_rows, "row", t)      # raises with the numbers
+                _span(cols, n_cols, "col", t)
+            nbytes = (rows.stop - rows.start) * (cols.stop - cols.start) * t.itemsize
             key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
-            if m.account(self, t, key, nbytes, write):
-                hbm_bytes += nbytes
-            else:
-                l2_bytes += nbytes
-            if also_write:
-                if m.account(self, t, key, nbytes, True):
+            for w in ((write, True) if also_write else (write,)):
+                if m.account(self, t, key, nbytes, w):
                     hbm_bytes += nbytes
                 else:
                     l2_bytes += nbytes
         if m.writeback_bytes:
             m.hbm.request(m.writeback_bytes)
             m.writeback_bytes = 0
-        # Both requests are issued before the first wait: the transfer ends when the later one does.
-        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
-        l2_ev = m.l2_pool.request(l2_bytes) if l2_bytes else None
-        if hbm_ev is not None:
-            yield hbm_ev
-        if l2_ev is not None:
-            yield l2_ev
+        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
+        return (m.hbm.request(hbm_bytes) if hbm_bytes else None), l2_done_s
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
         """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
@@ -152,28 +161,38 @@ class Machine:
     # ---- what contexts call -------------------------------------------------------------
     def account(self, ctx: BlockContext, t: Tensor, key, nbytes: int, write: bool) -> bool:
         """Count one tile transfer; True if it is served by HBM, False if by L2."""
-        traffic = ctx.kernel.traffic(t.name)
+        kernel = ctx.kernel
+        traffic = kernel.tensors.get(t.name) or kernel.traffic(t.name)
         if self.trace is not None:
-            self.trace(self.env.now, ctx.sm, ctx.kernel.name, ctx.block,
+            self.trace(self.env.now, ctx.sm, kernel.name, ctx.block,
                        f"{'store' if write else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] {nbytes} B")
+        l2 = self.l2
         if write:
             traffic.write += nbytes
+            if l2 is None:
+                traffic.hbm_write += nbytes
+                return True
         else:
             traffic.read += nbytes
-        if self.l2 is None:
-            if write:
-                traffic.hbm_write += nbytes
-            else:
+            if l2 is None:
                 traffic.hbm_read += nbytes
-            return True
-        hit, evicted = self.l2.access(key, nbytes, t.name, write)
-        for name, nb in evicted:  # write-backs: issued by _transfer as one request nobody waits on
-            ctx.kernel.traffic(name).hbm_write += nb
+                return True
+        hit, evicted = l2.access(key, nbytes, t.name, write)
+        for name, nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
+            (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
             self.writeback_bytes += nb
         if hit or write:
             return False
         traffic.hbm_read += nbytes
         return True
+
+    def post(self, launch_state: dict, hbm_ev, l2_done_s: float) -> None:
+        """Track a store nobody waits on, so that its kernel ends only after it has drained."""
+        if l2_done_s > launch_state["drain_s"]:
+            launch_state["drain_s"] = l2_done_s
+        if hbm_ev is not None:
+            launch_state["stores"] += 1
+            hbm_ev.callbacks.append(launch_state["store_done"])
 
     def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int):
         k = ctx.kernel
@@ -217,12 +236,24 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = {"next": 0, "running": n_workers, "done": env.event()}
+        state = {"next": 0, "running": n_workers, "done": env.event(), "stores": 0, "drain_s": 0.0,
+                 "drained": None}
+
+        def store_done(_event):
+            state["stores"] -= 1
+            if state["stores"] == 0 and state["drained"] is not None:
+                state["drained"].succeed()
+        state["store_done"] = store_done
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
         if n_workers:
             yield state["done"]
+        if state["stores"]:                  # stores still in flight to HBM
+            state["drained"] = env.event()
+            yield state["drained"]
+        if state["drain_s"] > env.now:       # stores still queued at L2
+            yield env.timeout(state["drain_s"] - env.now)
         k.end_s = env.now
         hbm1, sms1 = self._busy()
         k.hbm_busy_s = hbm1 - hbm0
@@ -231,7 +262,7 @@ class Machine:
 
     def _worker(self, launch: Launch, sm: int, k: KernelResult, state: dict, resident: list):
         """One block slot on one SM: runs blocks in linear order until the grid is exhausted."""
-        ctx = BlockContext(self, sm, k)
+        ctx = BlockContext(self, sm, k, state)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])

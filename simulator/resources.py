@@ -114,6 +114,16 @@ class FifoPipe:
         self.busy_s = 0.0
         self.served = 0.0
 
+    def reserve(self, amount: float) -> float:
+        """Queue a request without an event of its own; returns when it will be served."""
+        now = self.env.now
+        service_s = amount / self.rate_per_s
+        start = self._free_at_s if self._free_at_s > now else now
+        self._free_at_s = start + service_s
+        self.busy_s += service_s
+        self.served += amount
+        return self._free_at_s + self.latency_s
+
     def request(self, amount: float, value=None) -> Completion:
         now = self.env.now
         service_s = amount / self.rate_per_s

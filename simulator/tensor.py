@@ -17,7 +17,7 @@ _ids = itertools.count()
 
 
 class Tensor:
-    __slots__ = ("name", "shape", "dtype", "itemsize", "data", "uid")
+    __slots__ = ("name", "shape", "dtype", "itemsize", "data", "uid", "_views")
 
     def __init__(self, name: str, shape: tuple, dtype: str, data: np.ndarray | None = None, count_only: bool = False):
         if dtype not in DTYPE_BYTES:
@@ -35,6 +35,7 @@ class Tensor:
         self.itemsize = DTYPE_BYTES[dtype]
         self.data = data
         self.uid = next(_ids)
+        self._views = None
 
     @property
     def nbytes(self) -> int:
@@ -42,7 +43,9 @@ class Tensor:
         return g * r * c * self.itemsize
 
     def __getitem__(self, group: int) -> "TensorView":
-        return TensorView(self, group)
+        if self._views is None:          # made once: programs index views in their hot loops
+            self._views = [TensorView(self, g) for g in range(self.shape[0])]
+        return self._views[group]
 
     def __repr__(self) -> str:
         return f"Tensor({self.name}, {self.shape}, {self.dtype})"

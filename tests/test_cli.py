@@ -53,7 +53,8 @@ BAD = [
     (GOOD + "[hardware_overrides]\nhbm_bytes_per_s = -1.0\n", "field 'hbm_bytes_per_s' = -1.0 must be > 0"),
     (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload nor a run field"),
     (GOOD + "[sweep]\nseq_len = 128\n", "[sweep]: 'seq_len' = 128 must be a non-empty list"),
-    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["backward"]'), "field 'passes' has 'backward'"),
+    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["sideways"]'), "field 'passes' has 'sideways'; supported: forward, backward"),
+    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["forward", "forward"]'), "names a pass twice"),
     (GOOD.replace("block_kv = 32", "block_kv = 32\ntile_m = 64"), "field 'tile_m' does not apply to algorithm 'flash2'"),
     (GOOD + "colour = 1\n", "unknown field 'colour'"),
     (GOOD.split("[[runs]]")[0], "needs at least one [[runs]] table"),
@@ -134,12 +135,20 @@ def test_every_shipped_experiment_loads():
         assert load_experiment(p).configs
 
 
-def test_small_masked_experiment_checks_numerics(capsys):
+def test_small_masked_training_reports_each_pass_and_checks_numerics(capsys):
     code, out, _ = run_cli(capsys, "run", "small-masked", "--json", "-")
     runs = json.loads(out)["runs"]
-    assert code == 0 and [r["algorithm"] for r in runs] == ["standard", "flash1", "flash2"]
+    assert code == 0
+    assert [(r["algorithm"], r["pass"]) for r in runs] == [
+        (a, p) for a in ("standard", "flash1", "flash2") for p in ("forward", "backward", "forward+backward")]
     assert all(r["max_abs_error"] < 1e-12 for r in runs)
-    assert runs[2]["block_q"] == 32 and runs[2]["block_kv"] == 77   # auto: min(M/4d, d), clamped to N_kv
+    for fwd, bwd, total in zip(runs[0::3], runs[1::3], runs[2::3]):
+        for key in ("hbm_read_bytes", "hbm_write_bytes", "global_read_bytes", "matmul_flops"):
+            assert total[key] == fwd[key] + bwd[key]
+        assert total["time_s"] == pytest.approx(fwd["time_s"] + bwd["time_s"])
+        assert {k["pass"] for k in bwd["kernels"]} == {"backward"}
+    # auto blocks: B_r = min(M/4d, d) = 32, B_c clamped to N_kv = 77, both fitting the backward too
+    assert runs[6]["block_q"] == 32 and runs[6]["block_kv"] == 77
 
 
 def test_hardware_list_and_detail(capsys):

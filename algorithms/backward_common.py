@@ -1,0 +1,59 @@
+"""What the backward programs share: the training program's tensors and gradient numerics.
+
+A training step is one program: the forward's launches (pass "forward", keeping what the
+backward needs in HBM) followed by the backward's (pass "backward"). dO arrives in HBM when the
+backward starts.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hbmsim.simulator import Program, Tensor
+
+from .workload import AttentionData, Workload
+
+# Per score element of a backward tile: recompute P (scale, sub, exp: 3), dS = P (dP - D) (2),
+# plus mask 1 and dropout 3 (regenerate, multiply P, multiply dP).
+BWD_VECTOR_PER_SCORE = 5
+
+
+def bwd_vector_flops(wl: Workload, rows: int, cols: int) -> int:
+    per = BWD_VECTOR_PER_SCORE + (1 if wl.masked else 0) + (3 if wl.dropout > 0 else 0)
+    return rows * cols * per + 4 * rows
+
+
+def named(program: Program) -> dict:
+    """Every tensor of a program by name: its inputs and its outputs."""
+    out = {t.name: t for t in program.inputs}
+    out.update(program.outputs)
+    return out
+
+
+def grad_tensor(wl: Workload, name: str, like: Tensor, data: AttentionData | None, dtype: str | None = None) -> Tensor:
+    return Tensor(name, like.shape, dtype or like.dtype, count_only=data is None)
+
+
+def d_o_tensor(wl: Workload, data: AttentionData | None) -> Tensor:
+    shape = (wl.groups, wl.seq_len_q, wl.head_dim)
+    return Tensor("dO", shape, wl.dtype, None if data is None else data.d_o.reshape(shape), count_only=data is None)
+
+
+def recompute_p(wl: Workload, scale: float, q, k, ok, lse) -> np.ndarray:
+    """P tile from the stored log-sum-exp: exp(scale q k^T - lse), 0 where masked or the whole
+    row is masked (lse = -inf)."""
+    s = scale * (q @ k.T)
+    if ok is not None:
+        s = np.where(ok, s, -np.inf)
+    lse_safe = np.where(np.isfinite(lse), lse, 0.0)
+    return np.exp(s - lse_safe[:, None])
+
+
+def tile_grads(wl: Workload, scale: float, q, k, v, d_o, p, big_d, keep):
+    """One (query block, K/V block) tile of the backward: returns dQ, dK, dV contributions."""
+    p_drop = p if keep is None else p * keep
+    d_v = p_drop.T @ d_o
+    d_p = d_o @ v.T
+    if keep is not None:
+        d_p = d_p * keep
+    d_s = p * (d_p - big_d[:, None])
+    return scale * (d_s @ k), scale * (d_s.T @ q), d_v

@@ -1,0 +1,112 @@
+"""FlashAttention-2 backward as a simulated program (Dao 2023, Algorithm 2), after flash2's forward.
+
+Kernels (pass "backward"):
+  bwd_dot_do_o   one block per (batch-head, query block): D_i = rowsum(dO_i * O_i), written in
+                 fp32; it also clears the fp32 dQ accumulator, as FA2's preprocessing does.
+  bwd            one block per (batch-head, K/V block): loads K_j, V_j once, keeps dK_j, dV_j on
+                 chip; for each query block that can see the block it loads Q_i, dO_i, lse_i,
+                 D_i, recomputes P from the log-sum-exp, and adds its dQ_i part into the
+                 accumulator with atomic adds (counted as a read and a write of the tile).
+                 A K/V block no query can see (causal) only writes dK_j = dV_j = 0.
+  bwd_convert_dq one block per (batch-head, query block): dQ = dQ_accum in the storage dtype.
+Dropout is regenerated from the seed: no mask bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hbmsim.simulator import Launch, Program
+
+from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .common import STATS_DTYPE, keep_groups
+from .flash1 import flash1_first_q_block
+from .flash2 import flash2_forward
+from .workload import AttentionData, Workload, allowed
+
+SMEM_TILES = ("Q_i", "dO_i", "K_j", "V_j", "dS_ij", "lse_i", "D_i")     # dK, dV accumulators in registers
+
+
+def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
+    e = wl.itemsize
+    return (2 * block_q + 2 * block_kv) * wl.head_dim * e + block_q * block_kv * e + 2 * block_q * 4
+
+
+def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
+    fwd = flash2_forward(wl, block_q, block_kv, data)
+    t = named(fwd)
+    Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
+    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    dO = d_o_tensor(wl, data)
+    D = grad_tensor(wl, "D", LSE, data)
+    dQacc = grad_tensor(wl, "dQ_accum", Q, data, STATS_DTYPE)
+    dQ, dK, dV = grad_tensor(wl, "dQ", Q, data), grad_tensor(wl, "dK", K, data), grad_tensor(wl, "dV", V, data)
+    tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
+    scale, e = wl.softmax_scale, wl.itemsize
+    keep = keep_groups(wl, data)
+    numeric = data is not None
+    all_cols, one = slice(0, d), slice(0, 1)
+
+    def q_rows(i):
+        return slice(i * block_q, min(nq, (i + 1) * block_q))
+
+    def dot_do_o(ctx, index):
+        g, i = divmod(index, tr)
+        rows = q_rows(i)
+        n = rows.stop - rows.start
+        d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
+        yield from ctx.compute(vector_flops=2 * n * d)
+        yield from ctx.store_tiles((D[g], rows, one, None if not numeric else (d_o * o).sum(axis=1, keepdims=True)),
+                                   (dQacc[g], rows, all_cols, np.zeros((n, d)) if numeric else None))
+
+    def bwd(ctx, index):
+        g, j = divmod(index, tc)
+        c0, c1 = j * block_kv, min(nk, (j + 1) * block_kv)
+        cols, nc = slice(c0, c1), c1 - c0
+        i_first = flash1_first_q_block(wl, c0, block_q)
+        if i_first >= tr:       # no query sees this block: its gradients are zero
+            z = np.zeros((nc, d)) if numeric else None
+            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            return
+        kv_len = None
+        if wl.key_padding_mask:
+            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+            kv_len = None if lens is None else int(lens[0, 0])
+        k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+        dk_acc = dv_acc = None
+        if numeric:
+            dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+        for i in range(i_first, tr):
+            rows = q_rows(i)
+            r0, r1 = rows.start, rows.stop
+            n = r1 - r0
+            q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
+                                                           (LSE[g], rows, one), (D[g], rows, one))
+            yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
+                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * e)
+            dq_part = None
+            if numeric:
+                p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
+                dq_part, dk_part, dv_part = tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
+                                                       None if keep is None else keep[g, r0:r1, c0:c1])
+                dk_acc += dk_part
+                dv_acc += dv_part
+            yield from ctx.atomic_add(dQacc[g], rows, all_cols, dq_part)
+        yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
+
+    def convert_dq(ctx, index):
+        g, i = divmod(index, tr)
+        rows = q_rows(i)
+        acc = yield from ctx.load(dQacc[g], rows, all_cols)
+        yield from ctx.store(dQ[g], rows, all_cols, acc)
+
+    launches = list(fwd.launches) + [
+        Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward"),
+        Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
+               pass_name="backward"),
+        Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
+               pass_name="backward"),
+    ]
+    return Program("flash2_training", launches, inputs=fwd.inputs,
+                   outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})

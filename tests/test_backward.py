@@ -1,0 +1,160 @@
+"""Backward passes: every program's gradients equal the float64 reference (and finite
+differences), and its backward counters equal the closed forms in every mask mode."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hbmsim.algorithms import io_formulas as F
+from hbmsim.algorithms.flash1_backward import flash1_training
+from hbmsim.algorithms.flash2_backward import flash2_training
+from hbmsim.algorithms.reference import attention_backward, attention_forward
+from hbmsim.algorithms.standard_backward import standard_training
+from hbmsim.algorithms.workload import Workload, random_data
+from hbmsim.simulator import HbmsimError, simulate
+
+from conftest import seed_case, tiny_gpu
+
+GPU = tiny_gpu(sram_bytes_per_sm=1 << 22)
+SEED_DO = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], float)
+
+
+def trainings(wl, data, bq, bkv):
+    return [standard_training(wl, data, (bq, bkv, max(1, bkv // 2))),
+            flash1_training(wl, bq, bkv, data), flash2_training(wl, bq, bkv, data)]
+
+
+def grads(prog, shape_q, shape_k):
+    out = simulate(GPU, prog).outputs
+    return {"dQ": out["dQ"].reshape(shape_q), "dK": out["dK"].reshape(shape_k), "dV": out["dV"].reshape(shape_k)}
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_seed_gradient_example_through_every_program(index):
+    wl, data = seed_case()
+    data.d_o = SEED_DO[None, None].copy()
+    g = grads(trainings(wl, data, 2, 2)[index], data.q.shape, data.k.shape)
+    dv, dq, dk = g["dV"][0, 0], g["dQ"][0, 0], g["dK"][0, 0]
+    np.testing.assert_allclose(dv, np.repeat([[0.590], [0.217], [0.976], [0.217]], 4, axis=1), atol=5e-4)
+    np.testing.assert_allclose(dq[0], [-1.19, 1.19, 4.38, 1.91], atol=5e-3)
+    np.testing.assert_allclose(dk[:, 0], [-12.99, -1.31, 8.66, 5.64], atol=5e-3)
+    ref = attention_backward(wl, data, data.d_o)
+    np.testing.assert_allclose(ref["D"][0, 0], [34.82, 0, 30.30, 0], atol=5e-3)
+    np.testing.assert_allclose(ref["dS"][0, 0, 0], [-5.57, -0.73, 4.38, 1.91], atol=5e-3)
+    for name in ("dQ", "dK", "dV"):
+        np.testing.assert_allclose(g[name], ref[name], rtol=0, atol=1e-12)
+
+
+shapes = st.fixed_dictionaries({
+    "batch": st.integers(1, 2), "heads": st.integers(1, 2), "seq_len_q": st.integers(1, 30),
+    "seq_len_kv": st.integers(1, 30), "head_dim": st.sampled_from([1, 4, 8]),
+    "dtype": st.sampled_from(["fp16", "bf16", "fp32"]), "causal": st.booleans(),
+    "key_padding_mask": st.booleans(), "dropout": st.sampled_from([0.0, 0.3]),
+})
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, st.integers(1, 13), st.integers(1, 13), st.integers(0, 2**31 - 1))
+def test_gradients_equal_reference(fields, bq, bkv, seed):
+    wl = Workload(**fields)
+    data = random_data(wl, seed)
+    ref = attention_backward(wl, data, data.d_o)
+    for prog in trainings(wl, data, bq, bkv):
+        g = grads(prog, data.q.shape, data.k.shape)
+        for name in ("dQ", "dK", "dV"):
+            assert np.all(np.isfinite(g[name])), (prog.name, name)
+            np.testing.assert_allclose(g[name], ref[name], rtol=0, atol=1e-12, err_msg=f"{prog.name} {name}")
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(causal=True), dict(key_padding_mask=True, dropout=0.25),
+                                    dict(causal=True, seq_len_q=5, seq_len_kv=7)])
+def test_reference_backward_equals_finite_differences(fields):
+    wl = Workload(**{"batch": 1, "heads": 2, "seq_len_q": 6, "seq_len_kv": 6, "head_dim": 3, **fields})
+    data = random_data(wl, 7)
+    ref = attention_backward(wl, data, data.d_o)
+
+    def loss():   # L = sum(O * dO): its gradient w.r.t. q, k, v is what backward returns
+        return float(np.sum(attention_forward(wl, data)[0] * data.d_o))
+    h = 1e-6
+    for name, arr in (("dQ", data.q), ("dK", data.k), ("dV", data.v)):
+        num = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            old = arr[idx]
+            arr[idx] = old + h
+            up = loss()
+            arr[idx] = old - h
+            down = loss()
+            arr[idx] = old
+            num[idx] = (up - down) / (2 * h)
+        np.testing.assert_allclose(ref[name], num, rtol=0, atol=1e-7, err_msg=name)
+
+
+def test_fully_masked_rows_and_unseen_keys_give_zero_gradients():
+    wl = Workload(2, 1, 10, 4, 8, causal=True, key_padding_mask=True)
+    data = random_data(wl, 3)
+    data.kv_lens = np.array([4, 0])
+    ref = attention_backward(wl, data, data.d_o)
+    assert np.all(ref["dQ"][1] == 0) and np.all(ref["dK"][1] == 0) and np.all(ref["dQ"][0, 0, :6] == 0)
+    for prog in trainings(wl, data, 3, 2):
+        g = grads(prog, data.q.shape, data.k.shape)
+        for name in ("dQ", "dK", "dV"):
+            assert not np.any(np.isnan(g[name]))
+            np.testing.assert_allclose(g[name], ref[name], rtol=0, atol=1e-12)
+
+
+def test_nan_in_output_gradient_is_rejected():
+    wl = Workload(1, 1, 4, 4, 4)
+    data = random_data(wl, 0)
+    data.d_o[0, 0, 2, 1] = np.inf
+    with pytest.raises(HbmsimError, match="input dO: contains NaN or inf"):
+        flash2_training(wl, 2, 2, data)
+
+
+workloads = st.builds(
+    Workload, batch=st.integers(1, 3), heads=st.integers(1, 2), seq_len_q=st.integers(1, 300),
+    seq_len_kv=st.integers(1, 300), head_dim=st.sampled_from([8, 64]),
+    dtype=st.sampled_from(["fp16", "fp32"]), causal=st.booleans(), key_padding_mask=st.booleans(),
+    dropout=st.sampled_from([0.0, 0.1]))
+
+
+def counted_backward(prog):
+    return {name: (t.read, t.write) for name, t in simulate(GPU, prog).tensors("backward").items()}
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads, st.integers(1, 130), st.integers(1, 130))
+def test_flash_backward_counts_equal_closed_form(wl, bq, bkv):
+    assert counted_backward(flash1_training(wl, bq, bkv)) == F.flash1_backward_io(wl, bq, bkv)
+    assert counted_backward(flash2_training(wl, bq, bkv)) == F.flash2_backward_io(wl, bq, bkv)
+
+
+@settings(max_examples=20, deadline=None)
+@given(workloads, st.integers(1, 130), st.integers(1, 130), st.integers(1, 130))
+def test_standard_backward_counts_equal_closed_form(wl, tm, tn, tk):
+    prog = standard_training(wl, None, (tm, tn, tk))
+    assert counted_backward(prog) == F.standard_backward_io(wl, (tm, tn, tk))
+    fwd = {name: (t.read, t.write) for name, t in simulate(GPU, prog).tensors("forward").items()}
+    assert fwd == F.standard_forward_io(wl, (tm, tn, tk))
+
+
+def test_causal_flash_backward_moves_about_half_the_kv_side_bytes():
+    base = dict(batch=1, heads=1, seq_len_q=8192, seq_len_kv=8192, head_dim=64)
+    for io in (F.flash1_backward_io, F.flash2_backward_io):
+        full, causal = io(Workload(**base), 128, 128), io(Workload(**base, causal=True), 128, 128)
+        # the per-pair terms (Q, dO read per visited pair) halve: 64 blocks -> (64 + 1) / 2 on average
+        assert causal["Q"][0] / full["Q"][0] == pytest.approx(65 / 2 / 64)
+    std_full = F.standard_backward_io(Workload(**base))
+    std_causal = F.standard_backward_io(Workload(**base, causal=True))
+    assert std_causal["dP"] == std_full["dP"] and std_causal["dS"][0] > std_full["dS"][0]
+
+
+def test_training_footprint_standard_keeps_p_flash_keeps_o_and_lse():
+    wl = Workload(1, 1, 512, 512, 32, dropout=0.1)
+    e, n, d = 2, 512, 32
+    std = simulate(GPU, standard_training(wl))
+    fwd_peak = max(k.hbm_peak_bytes for k in std.select("forward"))
+    # S is freed after the softmax; training keeps P, P_drop and the 1-byte mask, so the forward
+    # peaks in gemm_pv: Q, K, V, O + P + P_drop + mask
+    assert fwd_peak == 4 * n * d * e + 2 * n * n * e + n * n * 1
+    fl = simulate(GPU, flash2_training(wl, 64, 64))
+    # Q, K, V, O, dO, dK, dV, dQ in the storage dtype, the fp32 dQ accumulator, lse and D: O(N d)
+    assert fl.hbm_peak_bytes == 8 * n * d * e + n * d * 4 + 2 * n * 4
