@@ -3,7 +3,8 @@
 One thread block per (batch-head, query block); query blocks of one batch-head are adjacent in
 the grid, as in FA2's launch, so they share K/V tiles in L2. The block loads Q_i once, streams
 K_j, V_j through SRAM, keeps m, l and the O accumulator on chip, and writes O_i and the
-log-sum-exp once. Under the causal mask, K/V blocks that no row of the query block can see are
+log-sum-exp once. Loads overlap compute as in FA2's main loop, with no extra buffers: V_j is
+fetched while S_ij = Q_i K_j^T and its softmax are computed, and K_{j+1} while P_ij V_j is. Under the causal mask, K/V blocks that no row of the query block can see are
 skipped; the diagonal blocks are masked element-wise.
 
 Where the tiles live (the kernel in kernels/ must agree): SMEM_TILES in shared memory, the
@@ -40,25 +41,30 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     numeric = data is not None
     all_cols = slice(0, d)
 
+    def kv_cols(c0):
+        return slice(c0, min(nk, c0 + block_kv))
+
     def block(ctx, index):
         g, i = divmod(index, tr)
         r0, r1 = i * block_q, min(nq, (i + 1) * block_q)
         rows, n = slice(r0, r1), r1 - r0
-        q = yield from ctx.load(Q[g], rows, all_cols)
-        kv_len = None
-        if wl.key_padding_mask:
-            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1))
-            kv_len = None if lens is None else int(lens[0, 0])
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
+        first = [(Q[g], rows, all_cols)]
+        if wl.key_padding_mask:
+            first.append((t["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
+        q_next = ctx.prefetch(*first)                     # Q_i and K_0 are fetched together
+        k_next = ctx.prefetch((K[g], kv_cols(0), all_cols)) if kv_end > 0 else None
+        q, *lens = yield from ctx.wait(q_next)
+        kv_len = int(lens[0][0, 0]) if lens and lens[0] is not None else None
         if numeric:
             m, l, acc = np.full(n, -np.inf), np.zeros(n), np.zeros((n, d))
         for c0 in range(0, kv_end, block_kv):
-            c1 = min(nk, c0 + block_kv)
-            cols, nc = slice(c0, c1), c1 - c0
-            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
-            yield from ctx.compute(matmul_flops=4 * n * nc * d,
-                                   vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                   sram_bytes=(n + 2 * nc) * d * e)
+            cols = kv_cols(c0)
+            c1, nc = cols.stop, cols.stop - c0
+            (k,) = yield from ctx.wait(k_next)
+            v_next = ctx.prefetch((V[g], cols, all_cols))
+            yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
+                                   sram_bytes=(n + nc) * d * e)
             if numeric:
                 s = scale * (q @ k.T)
                 ok = allowed(wl, kv_len, r0, r1, c0, c1)
@@ -71,8 +77,13 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 l = alpha * l + p.sum(axis=1)
                 if keep is not None:
                     p = p * keep[g, r0:r1, c0:c1]
-                acc = alpha[:, None] * acc + p @ v
                 m = m_new
+            (v,) = yield from ctx.wait(v_next)
+            if c0 + block_kv < kv_end:
+                k_next = ctx.prefetch((K[g], kv_cols(c0 + block_kv), all_cols))
+            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e)
+            if numeric:
+                acc = alpha[:, None] * acc + p @ v
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
         o_tile = lse_tile = None
         if numeric:
@@ -81,8 +92,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             o_tile[pos] = acc[pos] / l[pos, None]
             lse_tile = np.full((n, 1), -np.inf)
             lse_tile[pos, 0] = m[pos] + np.log(l[pos])
-        yield from ctx.store(O[g], rows, all_cols, o_tile)
-        yield from ctx.store(LSE[g], rows, slice(0, 1), lse_tile)
+        yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE))
     return Program("flash2_forward", [launch], inputs=tuple(t.values()), outputs={"O": O, "lse": LSE})

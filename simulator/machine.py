@@ -69,11 +69,22 @@ class BlockContext:
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
         for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
-        ev, l2_done_s = self._issue(tiles, False)
-        if ev is not None:
+        tiles = yield from self.wait(self.prefetch(*tiles))
+        return tiles
+
+    def prefetch(self, *tiles):
+        """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
+        block can compute meanwhile; the tiles' SRAM must be free, which the program ensures."""
+        return tiles, *self._issue(tiles, False)
+
+    def wait(self, handle):
+        """Wait for a prefetch to land (cp.async.wait_group); returns its tiles."""
+        tiles, ev, l2_done_s = handle
+        if ev is not None and not ev.processed:
             yield ev
-        if l2_done_s > self._m.env.now:
-            yield self._m.env.timeout(l2_done_s - self._m.env.now)
+        env = self._m.env
+        if l2_done_s > env.now:
+            yield env.timeout(l2_done_s - env.now)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
     def store(self, view: TensorView, rows: slice, cols: slice, value=None):
