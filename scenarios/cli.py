@@ -1,4 +1,4 @@
-"""The `hbmsim` command: demo, run, hardware, bench.
+"""The `hbmsim` command: demo, run, hardware, bench, and for the real kernel emulate, profile, compare.
 
 User errors (bad scenario, block too big, bad shapes) print one line and exit 2.
 """
@@ -114,6 +114,14 @@ def cmd_hardware(args) -> int:
     return 0
 
 
+def cmd_anomalies(args) -> int:
+    from .anomalies import measure
+    if args.trials < 1:
+        raise HbmsimError(f"anomalies: --trials = {args.trials} must be >= 1")
+    print(json.dumps(measure(resolve_hardware(args.hardware), args.trials, args.seed), indent=1))
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench import bench
     result = bench(args.experiment)
@@ -121,6 +129,157 @@ def cmd_bench(args) -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
+    return 0
+
+
+# ---- the real kernel: emulate, profile, compare (kernels/ and scenarios/compare.py) ----
+
+def _kernel_plan(exp, algorithms: tuple) -> tuple[list, list]:
+    """(cfg, RunSpec) for each configuration a kernel can run, and the skipped ones with why."""
+    from hbmsim.kernels.config import KernelConfig
+    from hbmsim.kernels.profile import RunSpec
+    from .runner import mapping, workload_dict
+
+    plan, skipped = [], []
+    for cfg in exp.configs:
+        wl, alg = cfg.workload, cfg.run.algorithm
+        why = None
+        if alg not in algorithms:
+            why = {"flash1": "no kernel implements flash1 (the CUDA kernel is FlashAttention-2)",
+                   "standard": "the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
+                               "whose traffic a CPU emulation cannot count honestly"}.get(alg, f"no kernel for {alg}")
+        elif "forward" not in cfg.run.passes:
+            why = "the kernels run the forward pass only"
+        elif wl.key_padding_mask or wl.dropout > 0:
+            why = "the kernels implement the causal mask only (no key padding, no dropout)"
+        spec = None
+        if why is None:
+            mp = mapping(cfg) if alg == "flash2" else {}
+            spec = RunSpec(alg, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype, wl.causal,
+                           mp.get("block_q"), mp.get("block_kv"), wl.scale)
+            try:
+                if alg == "flash2":
+                    KernelConfig(wl.dtype, spec.block_q, spec.block_kv, wl.head_dim)
+                elif wl.dtype not in ("fp16", "fp32"):
+                    raise HbmsimError(f"kernel: field 'dtype' = {wl.dtype!r} must be one of fp16, fp32")
+            except HbmsimError as err:
+                why = str(err)
+        if why is None:
+            plan.append((cfg, spec))
+        else:
+            skipped.append({"algorithm": alg, "workload": workload_dict(wl), "reason": why})
+    return plan, skipped
+
+
+def _inputs(wl, seed: int = 0):
+    """Random q, k, v in the storage dtype, and their float64 values for the reference."""
+    from hbmsim.algorithms.workload import AttentionData, random_data
+    from hbmsim.kernels.config import DTYPES
+
+    d = random_data(wl, seed)
+    q, k, v = (x.astype(DTYPES[wl.dtype][1]) for x in (d.q, d.k, d.v))
+    return (q, k, v), AttentionData(q.astype(float), k.astype(float), v.astype(float))
+
+
+def _max_error(wl, exact, o) -> float | None:
+    """max |O - float64 reference|, or None when the reference's N x N arrays would not fit."""
+    from hbmsim.algorithms.reference import attention_forward
+    from .runner import NUMERICS_BUDGET_BYTES
+
+    if 8 * 4 * wl.groups * wl.seq_len_q * wl.seq_len_kv > NUMERICS_BUDGET_BYTES:
+        return None
+    o_ref, _ = attention_forward(wl, exact)
+    return float(np.max(np.abs(o.astype(float) - o_ref)))
+
+
+def _run_record(cfg, spec, source: str) -> dict:
+    from .runner import workload_dict
+    rec = {"algorithm": spec.algorithm, "pass": "forward", "source": source, "workload": workload_dict(cfg.workload)}
+    if spec.algorithm == "flash2":
+        rec.update(block_q=spec.block_q, block_kv=spec.block_kv)
+    return rec
+
+
+def _write_measurements(path: str, doc: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path} ({len(doc['runs'])} run(s), source: {doc['source']})")
+
+
+def _print_skipped(skipped: list) -> None:
+    for s in skipped:
+        w = s["workload"]
+        print(f"skipped {s['algorithm']} N={w['seq_len_q']}x{w['seq_len_kv']} {w['dtype']}: {s['reason']}", file=sys.stderr)
+
+
+def cmd_emulate(args) -> int:
+    from hbmsim.kernels.emulation import Emulator, compiler
+    from hbmsim.kernels.profile import emulation_provenance, traffic_fields
+
+    exp = load_experiment(args.experiment)
+    plan, skipped = _kernel_plan(exp, ("flash2",))
+    _print_skipped(skipped)
+    if not plan:
+        raise HbmsimError(f"emulate: {exp.path}: no configuration the emulated kernel can run (flash2, fp16/fp32, "
+                          "head_dim 32/64/128, causal or no mask)")
+    emulator = Emulator({spec.kernel_config() for _, spec in plan})
+    runs = []
+    for i, (cfg, spec) in enumerate(plan):
+        (q, k, v), exact = _inputs(cfg.workload, args.seed)
+        r = emulator.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
+                                     scale=spec.scale)
+        rec = _run_record(cfg, spec, "emulated")
+        rec.update(traffic_fields(r.traffic), smem_bytes_per_block=r.smem_bytes,
+                   max_abs_error=_max_error(cfg.workload, exact, r.o))
+        runs.append(rec)
+        err = "n/a" if rec["max_abs_error"] is None else f"{rec['max_abs_error']:.1e}"
+        print(f"[{i + 1}/{len(plan)}] flash2 {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} d={spec.head_dim} "
+              f"{spec.block_q}x{spec.block_kv}{' causal' if spec.causal else ''}: read {rec['global_read_bytes']:,} B, "
+              f"write {rec['global_write_bytes']:,} B, max|O-ref| {err}", file=sys.stderr)
+    command = ["hbmsim", "emulate", args.experiment, "--out", args.out, "--seed", str(args.seed)]
+    doc = {"source": "emulated", "experiment": exp.name, "provenance": emulation_provenance(command, compiler()),
+           "runs": runs, "skipped": skipped}
+    _write_measurements(args.out, doc)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    import shutil
+    from hbmsim.kernels.gpu import gpu_available
+    from hbmsim.kernels.profile import gpu_provenance, measure_on_gpu
+
+    ok, why = gpu_available()
+    if not ok:
+        raise HbmsimError(f"profile: no GPU to measure on ({why}); nothing was measured or written")
+    exp = load_experiment(args.experiment)
+    plan, skipped = _kernel_plan(exp, ("flash2", "standard"))
+    _print_skipped(skipped)
+    if not plan:
+        raise HbmsimError(f"profile: {exp.path}: no configuration a kernel can run")
+    ncu = None if args.no_ncu else shutil.which("ncu")
+    if ncu is None:
+        print("ncu not on the PATH (or --no-ncu): recording CUDA-event times only, no DRAM/L2 bytes", file=sys.stderr)
+    command = ["hbmsim", "profile", args.experiment, "--out", args.out, "--warmup", str(args.warmup),
+               "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--no-ncu"] if args.no_ncu else [])
+    provenance = gpu_provenance(command, args.warmup, args.repeats, ncu)
+    runs = []
+    for i, (cfg, spec) in enumerate(plan):
+        (q, k, v), exact = _inputs(cfg.workload, args.seed)
+        m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
+        rec = {**_run_record(cfg, spec, "measured"), "hardware": provenance["gpu"]}
+        rec["max_abs_error"] = _max_error(cfg.workload, exact, m.pop("o"))
+        rec.update(m)
+        runs.append(rec)
+        print(f"[{i + 1}/{len(plan)}] {spec.algorithm} N={spec.seq_len_q}x{spec.seq_len_kv}: median "
+              f"{rec['time_s'] * 1e6:.1f} us", file=sys.stderr)
+    doc = {"source": "measured", "experiment": exp.name, "provenance": provenance, "runs": runs, "skipped": skipped}
+    _write_measurements(args.out, doc)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_files
+    print(compare_files(args.predicted, args.measured, args.plot))
     return 0
 
 
@@ -144,6 +303,29 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--experiment", default="gpt2-medium")
     b.add_argument("--json", metavar="PATH")
     b.set_defaults(func=cmd_bench)
+    a = sub.add_parser("anomalies", help="measure how often a bigger GPU is predicted slower (scheduling anomalies)")
+    a.add_argument("--hardware", default="a100-sxm4-40gb")
+    a.add_argument("--trials", type=int, default=30)
+    a.add_argument("--seed", type=int, default=1)
+    a.set_defaults(func=cmd_anomalies)
+    e = sub.add_parser("emulate", help="run the CUDA kernel's CPU emulation over an experiment: bytes per tensor")
+    e.add_argument("experiment", help="experiment TOML (a path or a shipped experiment's name)")
+    e.add_argument("--out", default="emulated.json", help="measurement file to write (default: emulated.json)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    e.set_defaults(func=cmd_emulate)
+    pr = sub.add_parser("profile", help="time the CUDA kernels on this machine's GPU (and count bytes with ncu)")
+    pr.add_argument("experiment", help="experiment TOML (a path or a shipped experiment's name)")
+    pr.add_argument("--out", default="measured.json", help="measurement file to write (default: measured.json)")
+    pr.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
+    pr.add_argument("--repeats", type=int, default=20, help="timed runs; the median is kept (default 20)")
+    pr.add_argument("--no-ncu", action="store_true", help="do not run Nsight Compute even if ncu is on the PATH")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    pr.set_defaults(func=cmd_profile)
+    c = sub.add_parser("compare", help="predicted (hbmsim run --json) vs measured (emulate/profile) per field")
+    c.add_argument("predicted")
+    c.add_argument("measured")
+    c.add_argument("--plot", metavar="PNG", help="draw predicted against measured traffic (log axes, y = x)")
+    c.set_defaults(func=cmd_compare)
     return p
 
 

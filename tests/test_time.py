@@ -58,3 +58,11 @@ def test_standard_is_memory_bound_with_time_near_traffic_over_bandwidth(a100):
     r = simulate(gpu, standard_forward(Workload(4, 16, 1024, 1024, 64)))
     floor = (r.total("hbm_read") + r.total("hbm_write")) / gpu.hbm_bytes_per_s
     assert floor <= r.time_s <= 1.25 * floor
+
+
+def test_anomaly_measurement_runs_and_counts_every_change(a100):
+    from hbmsim.scenarios.anomalies import PROGRAMS, measure
+    r = measure(a100, trials=2, seed=3, progress=False)
+    assert r["changes"] == 2 * len(PROGRAMS) * 2
+    assert 0 <= r["slower"] <= r["changes"] and len(r["worst"]) == min(5, r["slower"])
+    assert r["max_slowdown"] == (r["worst"][0]["slowdown"] if r["worst"] else 0.0)

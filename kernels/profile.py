@@ -1,0 +1,245 @@
+"""Measuring the kernels: one run's record for the measurement file, from the CPU emulation or
+from a GPU (CUDA-event timings, and Nsight Compute counters when `ncu` is on the PATH), and the
+file's provenance.
+
+A measurement file is {"source": "emulated" | "measured", "provenance": {...}, "runs": [...],
+"skipped": [...]}; each run uses the predicted results' keys where they exist (scenarios/
+runner.py) and carries only what was really obtained: emulated runs have global bytes per
+tensor and no times; measured runs have CUDA-event times, and DRAM / L2 bytes when ncu ran.
+
+`python -m hbmsim.kernels.profile RUN.json` is the worker that ncu profiles: it runs one
+forward pass of one configuration on inputs saved by the parent, and nothing else.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from hbmsim.simulator import HbmsimError
+
+from .config import KernelConfig
+
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum",
+               "lts__t_sectors_op_write.sum", "gpu__time_duration.sum")
+L2_SECTOR_BYTES = 32
+# ncu's defaults, recorded in the provenance: caches flushed before each kernel, clocks at base.
+NCU_SETTINGS = {"cache_control": "all", "clock_control": "base", "replay_mode": "kernel"}
+_UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "sector": 1, "nsecond": 1e-9, "ns": 1e-9,
+               "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3, "second": 1.0, "s": 1.0}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One configuration to run, in plain numbers (kernels/ does not import algorithms/)."""
+    algorithm: str              # "flash2" (flash_attention.cu) or "standard" (the baseline)
+    batch: int
+    heads: int
+    seq_len_q: int
+    seq_len_kv: int
+    head_dim: int
+    dtype: str                  # "fp16" | "fp32"
+    causal: bool = False
+    block_q: int | None = None  # flash2 only
+    block_kv: int | None = None
+    scale: float | None = None
+
+    def kernel_config(self) -> KernelConfig:
+        return KernelConfig(self.dtype, self.block_q, self.block_kv, self.head_dim)
+
+
+def traffic_fields(traffic: dict) -> dict:
+    """{name: (read, write)} -> the results schema's totals and per-tensor table."""
+    return {"global_read_bytes": sum(r for r, _ in traffic.values()),
+            "global_write_bytes": sum(w for _, w in traffic.values()),
+            "tensors": {name: {"read": int(r), "write": int(w)} for name, (r, w) in sorted(traffic.items())}}
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    return lines[0].strip() if lines else None
+
+
+def _hbmsim_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("hbmsim")
+    except Exception:            # running from a source tree that is not installed
+        return "unknown"
+
+
+def emulation_provenance(command: list[str], compiler: str) -> dict:
+    from .emulation import BASE_FLAGS, LIBRARY_FLAGS
+    return {"source": "emulated", "what": "CPU emulation of kernels/flash_attention.cu (one OS thread per CUDA "
+                                          "thread, blocks one at a time); bytes counted by its global-memory proxies",
+            "compiler": _first_line([compiler, "--version"]), "compiler_flags": " ".join(BASE_FLAGS + LIBRARY_FLAGS),
+            "host": platform.platform(), "python": platform.python_version(), "hbmsim": _hbmsim_version(),
+            "date": now_utc(), "command": " ".join(command)}
+
+
+# ---- GPU ----
+
+def gpu_provenance(command: list[str], warmup: int, repeats: int, ncu: str | None) -> dict:
+    from .gpu import cupy_module
+    cp = cupy_module()
+    rt = cp.cuda.runtime
+    dev = cp.cuda.Device()
+    props = rt.getDeviceProperties(dev.id)
+    name = props.get("name", b"unknown")
+    prov = {"source": "measured", "gpu": name.decode() if isinstance(name, bytes) else str(name),
+            "compute_capability": dev.compute_capability,     # e.g. "80"
+            "sm_count": props.get("multiProcessorCount"), "driver_version": rt.driverGetVersion(),
+            "cuda_runtime_version": rt.runtimeGetVersion(), "cupy": cp.__version__,
+            "sm_clock_khz": rt.deviceGetAttribute(13, dev.id),        # cudaDevAttrClockRate (peak)
+            "memory_clock_khz": rt.deviceGetAttribute(36, dev.id),    # cudaDevAttrMemoryClockRate (peak)
+            "timing": {"method": "CUDA events around one forward pass", "warmup": warmup, "repeats": repeats,
+                       "statistic": "median"},
+            "ncu": _first_line([ncu, "--version"]) if ncu else None,
+            "ncu_metrics": list(NCU_METRICS) if ncu else None, "ncu_settings": NCU_SETTINGS if ncu else None,
+            "host": platform.platform(), "hbmsim": _hbmsim_version(), "date": now_utc(), "command": " ".join(command)}
+    if shutil.which("nvidia-smi"):
+        prov["nvidia_smi"] = _first_line(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,"
+                                          "clocks.max.sm,clocks.max.mem", "--format=csv,noheader"])
+    return prov
+
+
+def forward(spec: RunSpec, q, k, v, mask=None):
+    """One forward pass of spec on CuPy inputs; returns O (and lse for flash2)."""
+    from . import gpu
+    if spec.algorithm == "flash2":
+        return gpu.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
+                                   scale=spec.scale)
+    if spec.algorithm == "standard":
+        return gpu.standard_attention(q, k, v, causal=spec.causal, scale=spec.scale, mask=mask), None
+    raise HbmsimError(f"profile: algorithm {spec.algorithm!r} has no GPU kernel (flash2, standard)")
+
+
+def time_forward(spec: RunSpec, q, k, v, warmup: int = 3, repeats: int = 20) -> float:
+    """Median seconds of one forward pass, timed with CUDA events on the current stream."""
+    from .gpu import causal_mask, cupy_module
+    cp = cupy_module()
+    mask = causal_mask(spec.seq_len_q, spec.seq_len_kv) if spec.causal and spec.algorithm == "standard" else None
+    for _ in range(warmup):
+        forward(spec, q, k, v, mask)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times_s = []
+    for _ in range(repeats):
+        start.record()
+        forward(spec, q, k, v, mask)
+        end.record()
+        end.synchronize()
+        times_s.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)     # ms -> s
+    return statistics.median(times_s)
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """ncu --csv (details page, one row per kernel and metric) -> one dict per kernel launch:
+    {"name", metric: value in base units (bytes, sectors, seconds)}."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return []
+    kernels: dict = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not row.get("Metric Name") or row.get("ID") is None:
+            continue
+        k = kernels.setdefault(row["ID"], {"name": row.get("Kernel Name", "")})
+        raw = (row.get("Metric Value") or "").replace(",", "")
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        k[row["Metric Name"]] = value * _UNIT_SCALE.get((row.get("Metric Unit") or "").strip(), 1)
+    return [kernels[i] for i in sorted(kernels, key=lambda s: int(s) if s.isdigit() else s)]
+
+
+def ncu_measure(spec: RunSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, ncu: str) -> list[dict]:
+    """Profile one forward pass of spec under ncu (a child process running this module)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "inputs.npz", q=q, k=k, v=v)
+        run = Path(tmp) / "run.json"
+        run.write_text(json.dumps({"spec": asdict(spec), "inputs": str(Path(tmp) / "inputs.npz")}))
+        cmd = [ncu, "--csv", "--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--target-processes", "all",
+               "--cache-control", NCU_SETTINGS["cache_control"], "--clock-control", NCU_SETTINGS["clock_control"],
+               sys.executable, "-m", "hbmsim.kernels.profile", str(run)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if proc.returncode != 0:
+        raise HbmsimError(f"profile: ncu failed (exit {proc.returncode}): "
+                          + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:]))
+    kernels = parse_ncu_csv(proc.stdout)
+    if not kernels:
+        raise HbmsimError("profile: ncu reported no kernels (is profiling permitted for this user? "
+                          "see NVIDIA's ERR_NVGPUCTRPERM)")
+    return kernels
+
+
+def ncu_fields(kernels: list[dict]) -> dict:
+    """Totals over a run's kernels in the results schema: DRAM bytes, L2-side bytes, per-kernel list."""
+    total = lambda metric: sum(k.get(metric, 0.0) for k in kernels)
+    return {"hbm_read_bytes": int(total("dram__bytes_read.sum")), "hbm_write_bytes": int(total("dram__bytes_write.sum")),
+            "global_read_bytes": int(total("lts__t_sectors_op_read.sum") * L2_SECTOR_BYTES),
+            "global_write_bytes": int(total("lts__t_sectors_op_write.sum") * L2_SECTOR_BYTES),
+            "ncu_time_s": total("gpu__time_duration.sum"),
+            "kernels": [{"name": k["name"], "time_s": k.get("gpu__time_duration.sum"),
+                         "hbm_read_bytes": int(k.get("dram__bytes_read.sum", 0)),
+                         "hbm_write_bytes": int(k.get("dram__bytes_write.sum", 0)),
+                         "global_read_bytes": int(k.get("lts__t_sectors_op_read.sum", 0) * L2_SECTOR_BYTES),
+                         "global_write_bytes": int(k.get("lts__t_sectors_op_write.sum", 0) * L2_SECTOR_BYTES)}
+                        for k in kernels]}
+
+
+def measure_on_gpu(spec: RunSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, warmup: int = 3,
+                   repeats: int = 20, ncu: str | None = None) -> dict:
+    """Time spec on the GPU (and profile it with ncu when given); returns the run's measured
+    fields plus "o" (numpy) for the caller's numerics check."""
+    from .gpu import cupy_module
+    cp = cupy_module()
+    qd, kd, vd = (cp.asarray(x) for x in (q, k, v))
+    o, _ = forward(spec, qd, kd, vd)
+    out = {"o": cp.asnumpy(o), "time_s": time_forward(spec, qd, kd, vd, warmup, repeats)}
+    if spec.algorithm == "flash2":
+        out["smem_bytes_per_block"] = spec.kernel_config().smem_bytes
+    if ncu:
+        out.update(ncu_fields(ncu_measure(spec, q, k, v, ncu)))
+    return out
+
+
+def _worker(run_json: str) -> int:
+    """Under ncu: one forward pass, nothing else launched on the GPU before it."""
+    from .gpu import cupy_module
+    cp = cupy_module()
+    run = json.loads(Path(run_json).read_text())
+    spec = RunSpec(**run["spec"])
+    data = np.load(run["inputs"])
+    q, k, v = (cp.asarray(data[n]) for n in ("q", "k", "v"))        # host-to-device copies, no kernels
+    mask = None
+    if spec.causal and spec.algorithm == "standard":                 # built on the host: no kernels
+        i, j = np.arange(spec.seq_len_q)[:, None], np.arange(spec.seq_len_kv)[None, :]
+        mask = cp.asarray(j <= i + (spec.seq_len_kv - spec.seq_len_q))
+    forward(spec, q, k, v, mask)
+    cp.cuda.Device().synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1]))

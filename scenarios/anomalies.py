@@ -1,0 +1,65 @@
+"""`hbmsim anomalies`: how often, and by how much, a bigger GPU is predicted slower.
+
+More bandwidth, or more SMs of the same kind, can make a list-scheduled program slower: which
+blocks end up in the last wave, and how in step resident blocks load and compute, change with
+the machine (Graham's scheduling anomalies; real block schedulers show them too). hbmsim does
+not hide this, it measures it: random small workloads, block sizes and GPUs derived from a
+preset, each simulated three times (base, 1.5x HBM bandwidth, more SMs with whole-GPU compute
+rates scaled alike), for each program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+
+from hbmsim.algorithms.flash1 import flash1_forward
+from hbmsim.algorithms.flash2 import flash2_forward
+from hbmsim.algorithms.flash2_backward import flash2_training
+from hbmsim.algorithms.standard import standard_forward
+from hbmsim.algorithms.workload import Workload
+from hbmsim.simulator import GPU, simulate
+
+PROGRAMS = {
+    "standard": lambda wl, bq, bkv: standard_forward(wl),
+    "flash1": lambda wl, bq, bkv: flash1_forward(wl, bq, bkv),
+    "flash2": lambda wl, bq, bkv: flash2_forward(wl, bq, bkv),
+    "flash2 training": lambda wl, bq, bkv: flash2_training(wl, bq, bkv),
+}
+
+
+def with_sms(gpu: GPU, sm_count: int) -> GPU:
+    """The same GPU with more or fewer SMs of the same kind (per-SM rates unchanged)."""
+    f = sm_count / gpu.sm_count
+    return dataclasses.replace(gpu, sm_count=sm_count, matmul_flops_per_s=gpu.matmul_flops_per_s * f,
+                               vector_flops_per_s=gpu.vector_flops_per_s * f)
+
+
+def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -> dict:
+    rng = random.Random(seed)
+    cases = violations = 0
+    worst = []
+    for trial in range(trials):
+        wl = Workload(rng.randint(1, 3), rng.randint(1, 8), rng.randint(16, 600), rng.randint(16, 600),
+                      rng.choice([32, 64, 128]), causal=rng.random() < 0.5)
+        gpu = base if rng.random() < 0.5 else dataclasses.replace(base, l2_bytes=0, l2_bytes_per_s=0.0)
+        gpu = with_sms(gpu, rng.randint(4, 40))
+        bq, bkv = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
+        more_sms = gpu.sm_count + rng.randint(1, 20)
+        for name, build in PROGRAMS.items():
+            t0 = simulate(gpu, build(wl, bq, bkv)).time_s
+            t_bw = simulate(dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s), build(wl, bq, bkv)).time_s
+            t_sm = simulate(with_sms(gpu, more_sms), build(wl, bq, bkv)).time_s
+            for what, t in (("1.5x bandwidth", t_bw), (f"{gpu.sm_count} -> {more_sms} SMs", t_sm)):
+                cases += 1
+                if t > t0 * (1 + 1e-9):
+                    violations += 1
+                    worst.append({"program": name, "change": what, "slowdown": t / t0 - 1, "l2": gpu.l2_bytes > 0,
+                                  "workload": wl.describe(), "block_q": bq, "block_kv": bkv})
+        if progress:
+            print(f"anomalies: {trial + 1}/{trials} trials, {violations} slower of {cases} changes",
+                  file=sys.stderr, flush=True)
+    worst.sort(key=lambda w: -w["slowdown"])
+    return {"hardware": base.name, "trials": trials, "seed": seed, "changes": cases, "slower": violations,
+            "slower_fraction": violations / cases if cases else 0.0,
+            "max_slowdown": worst[0]["slowdown"] if worst else 0.0, "worst": worst[:5]}

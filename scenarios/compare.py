@@ -1,0 +1,206 @@
+"""Predicted against measured: match the runs of two results files by configuration, tabulate
+each field with its relative error, summarise (mean absolute percentage error), and plot
+predicted against measured traffic on log axes with the y = x line.
+
+Predicted files come from `hbmsim run ... --json`; measured files from `hbmsim emulate`
+("source": "emulated", global bytes per tensor) or `hbmsim profile` ("source": "measured",
+times and, with ncu, DRAM and L2 bytes). A field is compared only where both files have it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hbmsim.simulator import HbmsimError
+
+FIELDS = ("global_read_bytes", "global_write_bytes", "hbm_read_bytes", "hbm_write_bytes", "time_s")
+WORKLOAD_KEYS = ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim", "dtype", "causal", "key_padding_mask",
+                 "dropout")
+SOURCE_LABELS = {"emulated": "CPU emulation of the kernel", "measured": "GPU measurement",
+                 "predicted": "hbmsim prediction"}
+
+
+@dataclass
+class ResultsFile:
+    path: str
+    source: str
+    provenance: dict
+    runs: list
+
+
+@dataclass
+class Row:
+    run: str          # the configuration, one line
+    field: str        # e.g. global_read_bytes, tensors.K.read
+    predicted: float
+    measured: float
+
+    @property
+    def rel_error(self) -> float:
+        """|predicted - measured| / measured (0 when both are 0)."""
+        if self.measured == 0:
+            return 0.0 if self.predicted == 0 else math.inf
+        return abs(self.predicted - self.measured) / abs(self.measured)
+
+
+def load(path: str | Path) -> ResultsFile:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise HbmsimError(f"{p}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise HbmsimError(f"{p}: not valid JSON ({err})") from None
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise HbmsimError(f"{p}: field 'runs' must be a list of result objects (hbmsim run --json, emulate or profile)")
+    source = data.get("source") or (runs[0].get("source") if runs else None) or "predicted"
+    return ResultsFile(str(p), source, data.get("provenance") or {}, runs)
+
+
+def run_key(r: dict) -> tuple:
+    """What identifies a configuration: algorithm, pass, workload and (flash) block sizes."""
+    w = dict(r.get("workload") or {})
+    if "seq_len" in w:
+        w.setdefault("seq_len_q", w["seq_len"])
+        w.setdefault("seq_len_kv", w["seq_len"])
+    workload = tuple((k, w.get(k)) for k in WORKLOAD_KEYS)
+    blocks = (r.get("block_q"), r.get("block_kv")) if r.get("algorithm") != "standard" else ()
+    return (r.get("algorithm"), r.get("pass", "forward"), workload, blocks)
+
+
+def describe(r: dict) -> str:
+    w = r.get("workload") or {}
+    nq, nk = w.get("seq_len_q", w.get("seq_len")), w.get("seq_len_kv", w.get("seq_len"))
+    text = (f"{r.get('algorithm')} {w.get('dtype')} B={w.get('batch')} H={w.get('heads')} N={nq}x{nk} "
+            f"d={w.get('head_dim')}")
+    if r.get("algorithm") != "standard":
+        text += f" {r.get('block_q')}x{r.get('block_kv')}"
+    return text + (" causal" if w.get("causal") else "")
+
+
+def match(predicted: list, measured: list) -> tuple[list, list, list]:
+    """(pairs, predicted runs without a measurement, measured runs without a prediction)."""
+    by_key = {}
+    for r in predicted:
+        by_key.setdefault(run_key(r), r)
+    pairs, unmatched_measured, used = [], [], set()
+    for m in measured:
+        k = run_key(m)
+        if k in by_key:
+            pairs.append((by_key[k], m))
+            used.add(k)
+        else:
+            unmatched_measured.append(m)
+    unmatched_predicted = [r for r in predicted if run_key(r) not in used]
+    return pairs, unmatched_predicted, unmatched_measured
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def rows(pairs: list) -> list[Row]:
+    out = []
+    for pred, meas in pairs:
+        label = describe(meas)
+        for f in FIELDS:
+            if _number(pred.get(f)) and _number(meas.get(f)):
+                out.append(Row(label, f, pred[f], meas[f]))
+        pt, mt = pred.get("tensors") or {}, meas.get("tensors") or {}
+        for name in sorted(set(pt) & set(mt)):
+            for side in ("read", "write"):     # sides that are zero in both files say nothing
+                p, m = pt[name].get(side), mt[name].get(side)
+                if _number(p) and _number(m) and (p or m):
+                    out.append(Row(label, f"tensors.{name}.{side}", p, m))
+    return out
+
+
+def summary(table: list[Row]) -> dict:
+    """Mean absolute percentage error per field (tensors.* pooled as "tensors")."""
+    groups: dict = {}
+    for row in table:
+        groups.setdefault("tensors" if row.field.startswith("tensors.") else row.field, []).append(row.rel_error)
+    return {f: (100.0 * sum(errs) / len(errs), len(errs)) for f, errs in groups.items()}
+
+
+def _fmt(field: str, x: float) -> str:
+    if field == "time_s":
+        return f"{x * 1e6:,.2f} us"
+    return f"{x:,.0f}"
+
+
+def report(pred: ResultsFile, meas: ResultsFile, pairs: list, unmatched_pred: list, unmatched_meas: list) -> str:
+    table = rows(pairs)
+    label = SOURCE_LABELS.get(meas.source, meas.source)
+    lines = [f"predicted: {pred.path} ({pred.source})", f"measured:  {meas.path} ({meas.source}: {label})",
+             f"matched {len(pairs)} run(s) by configuration"]
+    if table:
+        width = max(len(r.run) for r in table)
+        head = f"{'run':{width}s}  {'field':24s} {'predicted':>16s} {meas.source:>16s} {'error':>9s}"
+        lines += ["", head, "-" * len(head)]
+        last = None
+        for r in table:
+            err = "inf" if math.isinf(r.rel_error) else f"{100 * r.rel_error:.2f}%"
+            lines.append(f"{r.run if r.run != last else '':{width}s}  {r.field:24s} {_fmt(r.field, r.predicted):>16s} "
+                         f"{_fmt(r.field, r.measured):>16s} {err:>9s}")
+            last = r.run
+    lines += ["", "summary: mean absolute percentage error (|predicted - measured| / measured)"]
+    for f, (mape, n) in summary(table).items():
+        lines.append(f"  {f:24s} {mape:8.2f}%  over {n} value(s)")
+    missing = [f for f in FIELDS if f not in {r.field for r in table}]
+    if missing:
+        lines.append(f"  not compared (absent from one file): {', '.join(missing)}")
+    for what, runs in (("predicted without a measurement", unmatched_pred), ("measured without a prediction", unmatched_meas)):
+        if runs:
+            lines.append(f"{what}: {len(runs)} run(s), e.g. {describe(runs[0])}")
+    return "\n".join(lines)
+
+
+def plot(pairs: list, path: str | Path, source: str) -> Path:
+    """Predicted (x) against measured (y) bytes per run, log-log, with the y = x line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    series = {"global (L2-side) bytes, read + write": ("global_read_bytes", "global_write_bytes", "tab:blue", "o"),
+              "HBM (DRAM) bytes, read + write": ("hbm_read_bytes", "hbm_write_bytes", "tab:red", "s")}
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    values = []
+    for name, (rf, wf, color, marker) in series.items():
+        pts = [(p[rf] + p[wf], m[rf] + m[wf]) for p, m in pairs
+               if all(_number(x.get(f)) for x in (p, m) for f in (rf, wf))]
+        pts = [(x, y) for x, y in pts if x > 0 and y > 0]
+        if pts:
+            ax.scatter(*zip(*pts), color=color, marker=marker, label=f"{name} ({len(pts)} runs)", alpha=0.8)
+            values += [v for pt in pts for v in pt]
+    if not values:
+        plt.close(fig)
+        raise HbmsimError("compare: no traffic field is present in both files, nothing to plot")
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (bytes)",
+           ylabel=f"{source}: {SOURCE_LABELS.get(source, source)} (bytes)",
+           title=f"Traffic per run: predicted vs {source}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def compare_files(predicted_path: str, measured_path: str, plot_path: str | None = None) -> str:
+    pred, meas = load(predicted_path), load(measured_path)
+    pairs, up, um = match(pred.runs, meas.runs)
+    if not pairs:
+        raise HbmsimError(f"compare: no run of {measured_path} matches a run of {predicted_path} by configuration "
+                          "(algorithm, pass, workload, block sizes)")
+    text = report(pred, meas, pairs, up, um)
+    if plot_path:
+        text += f"\nwrote {plot(pairs, plot_path, meas.source)}"
+    return text
