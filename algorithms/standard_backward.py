@@ -21,7 +21,7 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import d_o_tensor, grad_tensor, named
 from .common import output
-from .standard import GEMM_TILE, SOFTMAX_VECTOR_FLOPS, col_chunks, gemm_launch, gemm_tiles, load_panel, \
+from .standard import GEMM_TILE, col_chunks, gemm_launch, gemm_tiles, load_panel, \
     standard_forward, store_panel
 from .workload import AttentionData, Workload, allowed
 

@@ -1,6 +1,5 @@
 """The simulator's per-tensor counters equal the closed forms in algorithms/io_formulas.py, and
 the growth laws of standard and flash attention show in them."""
-import math
 
 import pytest
 from hypothesis import given, settings, strategies as st

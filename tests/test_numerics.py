@@ -7,7 +7,7 @@ from hbmsim.algorithms.flash1 import flash1_forward
 from hbmsim.algorithms.flash2 import flash2_forward
 from hbmsim.algorithms.reference import attention_forward
 from hbmsim.algorithms.standard import standard_forward
-from hbmsim.algorithms.workload import AttentionData, Workload, random_data
+from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import HbmsimError, simulate
 
 from conftest import SEED_O, SEED_V, seed_case, tiny_gpu

@@ -1,0 +1,161 @@
+"""`hbmsim emulate` and `hbmsim profile`: run the real kernel over an experiment's configurations
+and write a measurement file (JSON with provenance) that `hbmsim compare` reads.
+
+emulate runs the CUDA source on the CPU (kernels/emulation.py) and records global bytes only,
+labelled "emulated"; profile runs it on a GPU through CuPy (and ncu when present), labelled
+"measured". Configurations no kernel can run are listed under "skipped" with the reason.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hbmsim.simulator import HbmsimError
+
+from .experiment import load_experiment
+
+
+def _kernel_plan(exp, algorithms: tuple) -> tuple[list, list]:
+    """(cfg, RunSpec) for each configuration a kernel can run, and the skipped ones with why."""
+    from hbmsim.kernels.config import KernelConfig
+    from hbmsim.kernels.profile import RunSpec
+    from .runner import mapping, workload_dict
+
+    plan, skipped = [], []
+    for cfg in exp.configs:
+        wl, alg = cfg.workload, cfg.run.algorithm
+        why = None
+        if alg not in algorithms:
+            why = {"flash1": "no kernel implements flash1 (the CUDA kernel is FlashAttention-2)",
+                   "standard": "the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
+                               "whose traffic a CPU emulation cannot count honestly"}.get(alg, f"no kernel for {alg}")
+        elif "forward" not in cfg.run.passes:
+            why = "the kernels run the forward pass only"
+        elif wl.key_padding_mask or wl.dropout > 0:
+            why = "the kernels implement the causal mask only (no key padding, no dropout)"
+        spec = None
+        if why is None:
+            mp = mapping(cfg) if alg == "flash2" else {}
+            spec = RunSpec(alg, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype, wl.causal,
+                           mp.get("block_q"), mp.get("block_kv"), wl.scale)
+            try:
+                if alg == "flash2":
+                    KernelConfig(wl.dtype, spec.block_q, spec.block_kv, wl.head_dim)
+                elif wl.dtype not in ("fp16", "fp32"):
+                    raise HbmsimError(f"kernel: field 'dtype' = {wl.dtype!r} must be one of fp16, fp32")
+            except HbmsimError as err:
+                why = str(err)
+        if why is None:
+            plan.append((cfg, spec))
+        else:
+            skipped.append({"algorithm": alg, "workload": workload_dict(wl), "reason": why})
+    return plan, skipped
+
+
+def _inputs(wl, seed: int = 0):
+    """Random q, k, v in the storage dtype, and their float64 values for the reference."""
+    from hbmsim.algorithms.workload import AttentionData, random_data
+    from hbmsim.kernels.config import DTYPES
+
+    d = random_data(wl, seed)
+    q, k, v = (x.astype(DTYPES[wl.dtype][1]) for x in (d.q, d.k, d.v))
+    return (q, k, v), AttentionData(q.astype(float), k.astype(float), v.astype(float))
+
+
+def _max_error(wl, exact, o) -> float | None:
+    """max |O - float64 reference|, or None when the reference's N x N arrays would not fit."""
+    from hbmsim.algorithms.reference import attention_forward
+    from .runner import NUMERICS_BUDGET_BYTES
+
+    if 8 * 4 * wl.groups * wl.seq_len_q * wl.seq_len_kv > NUMERICS_BUDGET_BYTES:
+        return None
+    o_ref, _ = attention_forward(wl, exact)
+    return float(np.max(np.abs(o.astype(float) - o_ref)))
+
+
+def _run_record(cfg, spec, source: str) -> dict:
+    from .runner import workload_dict
+    rec = {"algorithm": spec.algorithm, "pass": "forward", "source": source, "workload": workload_dict(cfg.workload)}
+    if spec.algorithm == "flash2":
+        rec.update(block_q=spec.block_q, block_kv=spec.block_kv)
+    return rec
+
+
+def _write_measurements(path: str, doc: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path} ({len(doc['runs'])} run(s), source: {doc['source']})")
+
+
+def _print_skipped(skipped: list) -> None:
+    for s in skipped:
+        w = s["workload"]
+        print(f"skipped {s['algorithm']} N={w['seq_len_q']}x{w['seq_len_kv']} {w['dtype']}: {s['reason']}", file=sys.stderr)
+
+
+def cmd_emulate(args) -> int:
+    from hbmsim.kernels.emulation import Emulator, compiler
+    from hbmsim.kernels.profile import emulation_provenance, traffic_fields
+
+    exp = load_experiment(args.experiment)
+    plan, skipped = _kernel_plan(exp, ("flash2",))
+    _print_skipped(skipped)
+    if not plan:
+        raise HbmsimError(f"emulate: {exp.path}: no configuration the emulated kernel can run (flash2, fp16/fp32, "
+                          "head_dim 32/64/128, causal or no mask)")
+    emulator = Emulator({spec.kernel_config() for _, spec in plan})
+    runs = []
+    for i, (cfg, spec) in enumerate(plan):
+        (q, k, v), exact = _inputs(cfg.workload, args.seed)
+        r = emulator.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
+                                     scale=spec.scale)
+        rec = _run_record(cfg, spec, "emulated")
+        rec.update(traffic_fields(r.traffic), smem_bytes_per_block=r.smem_bytes,
+                   max_abs_error=_max_error(cfg.workload, exact, r.o))
+        runs.append(rec)
+        err = "n/a" if rec["max_abs_error"] is None else f"{rec['max_abs_error']:.1e}"
+        print(f"[{i + 1}/{len(plan)}] flash2 {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} d={spec.head_dim} "
+              f"{spec.block_q}x{spec.block_kv}{' causal' if spec.causal else ''}: read {rec['global_read_bytes']:,} B, "
+              f"write {rec['global_write_bytes']:,} B, max|O-ref| {err}", file=sys.stderr)
+    command = ["hbmsim", "emulate", args.experiment, "--out", args.out, "--seed", str(args.seed)]
+    doc = {"source": "emulated", "experiment": exp.name, "provenance": emulation_provenance(command, compiler()),
+           "runs": runs, "skipped": skipped}
+    _write_measurements(args.out, doc)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    import shutil
+    from hbmsim.kernels.gpu import gpu_available
+    from hbmsim.kernels.profile import gpu_provenance, measure_on_gpu
+
+    ok, why = gpu_available()
+    if not ok:
+        raise HbmsimError(f"profile: no GPU to measure on ({why}); nothing was measured or written")
+    exp = load_experiment(args.experiment)
+    plan, skipped = _kernel_plan(exp, ("flash2", "standard"))
+    _print_skipped(skipped)
+    if not plan:
+        raise HbmsimError(f"profile: {exp.path}: no configuration a kernel can run")
+    ncu = None if args.no_ncu else shutil.which("ncu")
+    if ncu is None:
+        print("ncu not on the PATH (or --no-ncu): recording CUDA-event times only, no DRAM/L2 bytes", file=sys.stderr)
+    command = ["hbmsim", "profile", args.experiment, "--out", args.out, "--warmup", str(args.warmup),
+               "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--no-ncu"] if args.no_ncu else [])
+    provenance = gpu_provenance(command, args.warmup, args.repeats, ncu)
+    runs = []
+    for i, (cfg, spec) in enumerate(plan):
+        (q, k, v), exact = _inputs(cfg.workload, args.seed)
+        m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
+        rec = {**_run_record(cfg, spec, "measured"), "hardware": provenance["gpu"]}
+        rec["max_abs_error"] = _max_error(cfg.workload, exact, m.pop("o"))
+        rec.update(m)
+        runs.append(rec)
+        print(f"[{i + 1}/{len(plan)}] {spec.algorithm} N={spec.seq_len_q}x{spec.seq_len_kv}: median "
+              f"{rec['time_s'] * 1e6:.1f} us", file=sys.stderr)
+    doc = {"source": "measured", "experiment": exp.name, "provenance": provenance, "runs": runs, "skipped": skipped}
+    _write_measurements(args.out, doc)
+    return 0
