@@ -125,12 +125,7 @@ class FifoPipe:
         return self._free_at_s + self.latency_s
 
     def request(self, amount: float, value=None) -> Completion:
-        now = self.env.now
-        service_s = amount / self.rate_per_s
-        start = self._free_at_s if self._free_at_s > now else now
-        self._free_at_s = start + service_s
-        self.busy_s += service_s
-        self.served += amount
+        done_s = self.reserve(amount)
         ev = Completion(self.env)
-        ev.fire_after(self._free_at_s - now + self.latency_s, value)
+        ev.fire_after(done_s - self.env.now, value)
         return ev
