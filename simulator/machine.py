@@ -174,28 +174,31 @@ class Machine:
         """Count one tile transfer; True if it is served by HBM, False if by L2."""
         kernel = ctx.kernel
         traffic = kernel.tensors.get(t.name) or kernel.traffic(t.name)
-        if self.trace is not None:
-            self.trace(self.env.now, ctx.sm, kernel.name, ctx.block,
-                       f"{'store' if write else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] {nbytes} B")
         l2 = self.l2
         if write:
             traffic.write += nbytes
-            if l2 is None:
-                traffic.hbm_write += nbytes
-                return True
         else:
             traffic.read += nbytes
-            if l2 is None:
+        if l2 is None:
+            if write:
+                traffic.hbm_write += nbytes
+            else:
                 traffic.hbm_read += nbytes
-                return True
-        hit, evicted = l2.access(key, nbytes, t.name, write)
-        for name, nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
-            (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
-            self.writeback_bytes += nb
-        if hit or write:
-            return False
-        traffic.hbm_read += nbytes
-        return True
+            from_hbm = True
+        else:
+            hit, evicted = l2.access(key, nbytes, t.name, write)
+            for name, nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
+                (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
+                self.writeback_bytes += nb
+            from_hbm = not (hit or write)
+            if from_hbm:
+                traffic.hbm_read += nbytes
+        if self.trace is not None:
+            where = "HBM" if from_hbm else ("L2, written back later" if write else "L2 hit")
+            self.trace(self.env.now, ctx.sm, kernel.name, ctx.block,
+                       f"{'store' if write else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
+                       f"{nbytes} B ({where})")
+        return from_hbm
 
     def post(self, launch_state: dict, hbm_ev, l2_done_s: float) -> None:
         """Track a store nobody waits on, so that its kernel ends only after it has drained."""

@@ -119,7 +119,8 @@ def test_trace_is_readable(tmp_path, capsys):
     assert code == 0
     lines = [l for l in out.splitlines() if " us  SM" in l]
     assert len(lines) == 3
-    assert lines[0].split() == ["0.000", "us", "SM0", "flash2_fwd", "block", "0:", "load", "Q[0][0:32,", "0:32]", "2048", "B"]
+    assert lines[0].split() == ["0.000", "us", "SM0", "flash2_fwd", "block", "0:", "load", "Q[0][0:32,", "0:32]", "2048", "B",
+                                "(HBM)"]
 
 
 def test_sweep_expands_cartesian_product():
