@@ -29,7 +29,7 @@ def named(program: Program) -> dict:
     return out
 
 
-def grad_tensor(wl: Workload, name: str, like: Tensor, data: AttentionData | None, dtype: str | None = None) -> Tensor:
+def grad_tensor(name: str, like: Tensor, data: AttentionData | None, dtype: str | None = None) -> Tensor:
     return Tensor(name, like.shape, dtype or like.dtype, count_only=data is None)
 
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import math
 
-from hbmsim.simulator import HbmsimError
-
-
 def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q: int, seq_len_kv: int,
                 fits=None) -> tuple[int, int]:
     m_elems = sram_bytes_per_sm // itemsize
@@ -26,8 +23,3 @@ def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q:
             br //= 2
     return br, bc
 
-
-def check_block(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HbmsimError(f"run: field '{name}' = {value!r} must be a whole number >= 1 or \"auto\"")
-    return value

@@ -15,17 +15,13 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 
 from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
-from .workload import AttentionData, Workload, allowed, causal_q_start
+from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 SMEM_TILES = ("Q_i", "O_i", "K_j", "V_j", "l_i", "m_i")   # S_ij / P_ij in registers
 
 
 def flash1_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return 2 * (block_q + block_kv) * wl.head_dim * wl.itemsize + 2 * block_q * 4
-
-
-def flash1_first_q_block(wl: Workload, c0: int, block_q: int) -> int:
-    return causal_q_start(wl, c0) // block_q if wl.causal else 0
 
 
 def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
@@ -55,7 +51,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
             kv_len = None if lens is None else int(lens[0, 0])
         for c0 in range(0, nk, block_kv):
-            i_first = flash1_first_q_block(wl, c0, block_q)
+            i_first = causal_first_q_block(wl, c0, block_q)
             if i_first >= tr:
                 continue   # no query row sees this K/V block
             c1 = min(nk, c0 + block_kv)

@@ -18,8 +18,8 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, tile_grads
 from .common import keep_groups
-from .flash1 import flash1_first_q_block, flash1_forward
-from .workload import AttentionData, Workload, allowed
+from .flash1 import flash1_forward
+from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 SMEM_TILES = ("K_j", "V_j", "dK_j", "dV_j", "Q_i", "O_i", "dO_i", "dQ_i", "l_i", "m_i")
 
@@ -34,7 +34,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     Q, K, V, O, L, M = t["Q"], t["K"], t["V"], t["O"], t["l"], t["m"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     dO = d_o_tensor(wl, data)
-    dQ, dK, dV = grad_tensor(wl, "dQ", Q, data), grad_tensor(wl, "dK", K, data), grad_tensor(wl, "dV", V, data)
+    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr = math.ceil(nq / block_q)
     scale, e = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
@@ -57,7 +57,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             kv_len = None if lens is None else int(lens[0, 0])
         for cols in kv_tiles:
             c0, c1 = cols.start, cols.stop
-            i_first = flash1_first_q_block(wl, c0, block_q)
+            i_first = causal_first_q_block(wl, c0, block_q)
             if i_first >= tr:
                 continue      # dK_j = dV_j = 0, as initialised
             nc = c1 - c0

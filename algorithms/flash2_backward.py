@@ -21,9 +21,8 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
 from .common import STATS_DTYPE, keep_groups
-from .flash1 import flash1_first_q_block
 from .flash2 import flash2_forward
-from .workload import AttentionData, Workload, allowed
+from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 SMEM_TILES = ("Q_i", "dO_i", "K_j", "V_j", "dS_ij", "lse_i", "D_i")     # dK, dV accumulators in registers
 
@@ -39,9 +38,9 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     dO = d_o_tensor(wl, data)
-    D = grad_tensor(wl, "D", LSE, data)
-    dQacc = grad_tensor(wl, "dQ_accum", Q, data, STATS_DTYPE)
-    dQ, dK, dV = grad_tensor(wl, "dQ", Q, data), grad_tensor(wl, "dK", K, data), grad_tensor(wl, "dV", V, data)
+    D = grad_tensor("D", LSE, data)
+    dQacc = grad_tensor("dQ_accum", Q, data, STATS_DTYPE)
+    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
     scale, e = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
@@ -64,7 +63,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         g, j = divmod(index, tc)
         c0, c1 = j * block_kv, min(nk, (j + 1) * block_kv)
         cols, nc = slice(c0, c1), c1 - c0
-        i_first = flash1_first_q_block(wl, c0, block_q)
+        i_first = causal_first_q_block(wl, c0, block_q)
         if i_first >= tr:       # no query sees this block: its gradients are zero
             z = np.zeros((nc, d)) if numeric else None
             yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))

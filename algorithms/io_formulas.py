@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 
 from .common import STATS_DTYPE, MASK_DTYPE, INDEX_DTYPE
-from .flash1 import flash1_first_q_block
-from .standard import GEMM_TILE, gemm_tiles
-from .workload import Workload, causal_kv_end
+from .standard import GEMM_TILE, gemm_tiles, panels_of
+from .workload import Workload, causal_first_q_block, causal_kv_end
 from hbmsim.simulator import DTYPE_BYTES
 
 STATS = DTYPE_BYTES[STATS_DTYPE]
@@ -67,7 +66,7 @@ def flash1_q_rows_visited(wl: Workload, block_q: int, block_kv: int) -> tuple[in
     tr = math.ceil(nq / block_q)
     kv_rows = q_rows = 0
     for c0 in range(0, nk, block_kv):
-        i0 = flash1_first_q_block(wl, c0, block_q)
+        i0 = causal_first_q_block(wl, c0, block_q)
         if i0 >= tr:
             continue
         kv_rows += min(nk, c0 + block_kv) - c0
@@ -104,7 +103,7 @@ def gemm_io(g: int, m: int, n: int, k: int, e: int, tile: tuple) -> tuple[int, i
 def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     nn = g * nq * nk                        # elements of S (and of P)
-    panels = math.ceil(nq / min(gemm_tile[0], nq))     # row panels of the elementwise kernels
+    panels = panels_of(wl, gemm_tile).count             # row panels of the elementwise kernels
     io: dict = {}
     q_r, k_r, s_w = gemm_io(g, nq, nk, d, e, gemm_tile)
     _add(io, "Q", read=q_r)
@@ -145,7 +144,7 @@ def flash2_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     kv_rows, q_rows = flash1_q_rows_visited(wl, block_q, block_kv)
     visited_blocks = sum(1 for c0 in range(0, nk, block_kv)
-                         if flash1_first_q_block(wl, c0, block_q) < math.ceil(nq / block_q))
+                         if causal_first_q_block(wl, c0, block_q) < math.ceil(nq / block_q))
     io: dict = {}
     _add(io, "dO", read=g * nq * d * e)                       # bwd_dot_do_o
     _add(io, "O", read=g * nq * d * e)
@@ -193,7 +192,7 @@ def flash1_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
 def standard_backward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     nn = g * nq * nk
-    panels = math.ceil(nq / min(gemm_tile[0], nq))
+    panels = panels_of(wl, gemm_tile).count
     dropout = wl.dropout > 0
     p_used, d_pd = ("P_drop", "dP_drop") if dropout else ("P", "dP")
     io: dict = {}

@@ -12,22 +12,28 @@ from hbmsim.simulator import HbmsimError
 from .workload import AttentionData, Workload, allowed
 
 
-def attention_forward(wl: Workload, data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
-    """Returns O (B,H,Nq,d) and lse (B,H,Nq)."""
-    data.check(wl)
+def softmax_probabilities(wl: Workload, data: AttentionData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P = softmax(scale * QK^T + mask) with 0 on masked entries and fully masked rows; also the
+    row max m (-inf for a fully masked row) and the row sum l of exp(s - m)."""
     s = wl.softmax_scale * np.einsum("bhid,bhjd->bhij", data.q, data.k)
     if wl.masked:
         for b in range(wl.batch):
             ok = allowed(wl, None if data.kv_lens is None else int(data.kv_lens[b]), 0, wl.seq_len_q, 0, wl.seq_len_kv)
             s[b][:, ~ok] = -np.inf
     m = s.max(axis=-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - m_safe)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     l = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    return np.divide(e, l, out=np.zeros_like(e), where=l > 0), m, l
+
+
+def attention_forward(wl: Workload, data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
+    """Returns O (B,H,Nq,d) and lse (B,H,Nq)."""
+    data.check(wl)
+    p, m, l = softmax_probabilities(wl, data)
     if wl.dropout > 0:
         p = p * data.keep / (1.0 - wl.dropout)
     o = np.einsum("bhij,bhjd->bhid", p, data.v)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + m_safe[..., 0], -np.inf)
     return o, lse
@@ -48,15 +54,7 @@ def attention_backward(wl: Workload, data: AttentionData, d_o: np.ndarray) -> di
     if not np.all(np.isfinite(d_o)):
         raise HbmsimError("input dO: contains NaN or inf")
     scale = wl.softmax_scale
-    s = scale * np.einsum("bhid,bhjd->bhij", data.q, data.k)
-    if wl.masked:
-        for b in range(wl.batch):
-            ok = allowed(wl, None if data.kv_lens is None else int(data.kv_lens[b]), 0, wl.seq_len_q, 0, wl.seq_len_kv)
-            s[b][:, ~ok] = -np.inf
-    m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-    l = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    p, _, _ = softmax_probabilities(wl, data)
     keep = data.keep / (1.0 - wl.dropout) if wl.dropout > 0 else None
     p_drop = p if keep is None else p * keep
     d_v = np.einsum("bhij,bhid->bhjd", p_drop, d_o)

@@ -16,6 +16,7 @@ training (`training=True`) P, P_drop and the mask stay in HBM for the backward p
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,6 +77,29 @@ def col_chunks(n: int, width: int) -> list[slice]:
     return [slice(c, min(n, c + width)) for c in range(0, n, width)]
 
 
+@dataclass(frozen=True)
+class Panels:
+    """How the elementwise kernels cut the N x N matrices: row panels of gemm_qk's tile_m rows,
+    touched as S tiles (gemm_qk's tile_n wide) or P tiles (gemm_pv's tile_k wide)."""
+    rows: int
+    count: int            # panels per batch-head
+    seq_len_q: int
+    s_chunks: list
+    p_chunks: list
+
+    def __call__(self, index: int) -> tuple[int, slice]:
+        """Block index -> (batch-head, row slice)."""
+        g, i = divmod(index, self.count)
+        return g, slice(i * self.rows, min(self.seq_len_q, (i + 1) * self.rows))
+
+
+def panels_of(wl: Workload, gemm_tile: tuple) -> Panels:
+    nq, nk, d = wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    rows, s_width, _ = gemm_tiles(nq, nk, d, gemm_tile)       # gemm_qk's output tiles
+    _, _, p_width = gemm_tiles(nq, d, nk, gemm_tile)          # gemm_pv's A-operand tiles
+    return Panels(rows, math.ceil(nq / rows), nq, col_chunks(nk, s_width), col_chunks(nk, p_width))
+
+
 def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list):
     """A row panel, fetched as the tiles of `chunks` in one go; returns it whole (or None)."""
     tiles = yield from ctx.load_tiles(*[(T[g], rows, c) for c in chunks])
@@ -95,15 +119,9 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
     S = output(wl, "S", nq, nk, wl.dtype, data)
     P = output(wl, "P", nq, nk, wl.dtype, data)
     O = output(wl, "O", nq, d, wl.dtype, data)
-    rpb, s_width, _ = gemm_tiles(nq, nk, d, gemm_tile)        # gemm_qk's output tiles
-    _, _, p_width = gemm_tiles(nq, d, nk, gemm_tile)          # gemm_pv's A-operand tiles
-    s_chunks, p_chunks = col_chunks(nk, s_width), col_chunks(nk, p_width)
-    panels = math.ceil(nq / rpb)
+    panel = panels_of(wl, gemm_tile)
+    s_chunks, p_chunks, panels = panel.s_chunks, panel.p_chunks, panel.count
     inputs = [Q, K, V]
-
-    def panel(index):
-        g, i = divmod(index, panels)
-        return g, slice(i * rpb, min(nq, (i + 1) * rpb))
 
     def s_size(rows):
         return (rows.stop - rows.start) * nk

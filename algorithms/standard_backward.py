@@ -13,7 +13,6 @@ Each N x N matrix is freed after its last reader.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -21,8 +20,7 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import d_o_tensor, grad_tensor, named
 from .common import output
-from .standard import GEMM_TILE, col_chunks, gemm_launch, gemm_tiles, load_panel, \
-    standard_forward, store_panel
+from .standard import GEMM_TILE, gemm_launch, load_panel, panels_of, standard_forward, store_panel
 from .workload import AttentionData, Workload, allowed
 
 SOFTMAX_BWD_VECTOR_FLOPS = 4      # per element: dP * P, row sum, subtract, multiply
@@ -32,26 +30,20 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
     fwd = standard_forward(wl, data, gemm_tile, training=True)
     t = named(fwd)
     Q, K, V, P = t["Q"], t["K"], t["V"], t["P"]
-    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    g_count, nq, nk = wl.groups, wl.seq_len_q, wl.seq_len_kv
     numeric = data is not None
     dropout = wl.dropout > 0
     P_used = t["P_drop"] if dropout else P
     DM = t.get("dropout_mask")
     CM, KPM = t.get("causal_mask"), t.get("key_padding_mask")
     dO = d_o_tensor(wl, data)
-    dQ, dK, dV = grad_tensor(wl, "dQ", Q, data), grad_tensor(wl, "dK", K, data), grad_tensor(wl, "dV", V, data)
+    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     dPd = output(wl, "dP_drop" if dropout else "dP", nq, nk, wl.dtype, data)
     dP = output(wl, "dP", nq, nk, wl.dtype, data) if dropout else dPd
     dS = output(wl, "dS", nq, nk, wl.dtype, data)
-    rpb, s_width, _ = gemm_tiles(nq, nk, d, gemm_tile)
-    _, _, p_width = gemm_tiles(nq, d, nk, gemm_tile)
-    s_chunks, p_chunks = col_chunks(nk, s_width), col_chunks(nk, p_width)
-    panels = math.ceil(nq / rpb)
+    panel = panels_of(wl, gemm_tile)
+    s_chunks, p_chunks = panel.s_chunks, panel.p_chunks
     keep_scale = 1.0 / (1.0 - wl.dropout) if dropout else 1.0
-
-    def panel(index):
-        g, i = divmod(index, panels)
-        return g, slice(i * rpb, min(nq, (i + 1) * rpb))
 
     def dropout_bwd(ctx, index):
         g, rows = panel(index)
@@ -93,7 +85,7 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
         yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)
         yield from store_panel(ctx, dS, g, rows, p_chunks, None if ds is None else wl.softmax_scale * ds)
 
-    grid = g_count * panels
+    grid = g_count * panel.count
     bwd = [
         gemm_launch("gemm_dv", P_used, dO, dV, False, gemm_tile, allocs=(dO, dV), a_transposed=True,
                     frees=(P_used,) if dropout else (), pass_name="backward"),

@@ -144,3 +144,9 @@ def causal_kv_end(wl: Workload, q_end: int) -> int:
 def causal_q_start(wl: Workload, kv_start: int) -> int:
     """First query row that can see key kv_start under the causal mask."""
     return max(0, kv_start - (wl.seq_len_kv - wl.seq_len_q))
+
+
+def causal_first_q_block(wl: Workload, kv_start: int, block_q: int) -> int:
+    """Index of the first query block that can see key kv_start (0 without the causal mask);
+    a K/V block is skipped when this is past the last query block."""
+    return causal_q_start(wl, kv_start) // block_q if wl.causal else 0

@@ -25,7 +25,6 @@ DTYPES = {"fp32": ("float", np.dtype(np.float32), 1), "fp16": ("fp16", np.dtype(
 HEAD_DIMS = (32, 64, 128)
 MAX_THREADS_PER_BLOCK = 1024          # one thread per query row (CUDA's limit per block)
 MAX_GRID_Y = 65535                    # grid.y = batch * heads
-STATS_BYTES = 4                       # the log-sum-exp is fp32
 
 
 def dtype_name(array_dtype) -> str:
@@ -59,10 +58,6 @@ class KernelConfig:
     @property
     def itemsize(self) -> int:
         return DTYPES[self.dtype][1].itemsize
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return DTYPES[self.dtype][1]
 
     @property
     def dtype_code(self) -> int:

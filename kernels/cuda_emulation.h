@@ -199,8 +199,8 @@ inline void block_barrier() { pthread_barrier_wait(&g_block->barrier[t_barrier_c
 inline unsigned char* dynamic_shared() { return g_block->smem.data(); }
 
 // Runs kernel(args...) over the grid: one OS thread per CUDA thread, one block at a time.
-// Shared memory starts as 0xFF bytes (NaN in fp32 and fp16), so reading a tile element that
-// was never written shows up in the results.
+// Each block's shared memory starts as 0xFF bytes (NaN in fp32 and fp16), so reading a tile
+// element the block never wrote shows up in the results (not a previous block's data).
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, dim3 grid, dim3 block, std::size_t dynamic_smem_bytes, Args... args) {
     const unsigned threads = block.x * block.y * block.z;
@@ -218,6 +218,8 @@ void launch(Kernel kernel, dim3 grid, dim3 block, std::size_t dynamic_smem_bytes
             for (unsigned z = 0; z < grid.z; ++z)
                 for (unsigned y = 0; y < grid.y; ++y)
                     for (unsigned x = 0; x < grid.x; ++x) {
+                        if (tid == 0) std::fill(state.smem.begin(), state.smem.end(), (unsigned char)0xFF);
+                        block_barrier();                        // shared memory is fresh
                         blockIdx = uint3{x, y, z};
                         kernel(args...);
                         block_barrier();                        // the block has finished

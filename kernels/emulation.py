@@ -179,7 +179,7 @@ class Emulator:
         if rc != 0:
             raise EmulationError(f"emulated kernel {cfg.label()}: {args.error.decode()}")
         traffic = {name: (args.read_bytes[i], args.write_bytes[i]) for i, name in enumerate(TENSORS)}
-        return EmulatedRun(o, lse, traffic, cfg.smem_bytes)
+        return EmulatedRun(o, lse, traffic, self.smem_bytes(cfg))      # the kernel's own FlashSmem value
 
 
 _emulators: dict = {}

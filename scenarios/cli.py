@@ -31,12 +31,12 @@ def _write_json(results: list[dict], dest: str) -> None:
         print(f"wrote {dest}", file=sys.stderr)
 
 
-def _tracer(limit: int):
+def _tracer(limit: int, out):
     state = {"n": 0}
 
     def trace(now_s, sm, kernel, block, what):
         if state["n"] < limit:
-            print(f"{now_s * 1e6:10.3f} us  SM{sm:<3d} {kernel} block {block}: {what}")
+            print(f"{now_s * 1e6:10.3f} us  SM{sm:<3d} {kernel} block {block}: {what}", file=out)
         state["n"] += 1
     return trace
 
@@ -44,10 +44,11 @@ def _tracer(limit: int):
 def cmd_run(args) -> int:
     exp = load_experiment(args.file)
     to_stdout = args.json == "-"
+    out = sys.stderr if to_stdout else sys.stdout     # with --json -, stdout carries only the JSON
     if args.trace:
         for cfg in exp.configs:
-            print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)")
-            run_config(cfg, count_only=True, trace=_tracer(args.trace))
+            print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)", file=out)
+            run_config(cfg, count_only=True, trace=_tracer(args.trace, out))
     results = run_experiment(exp, count_only=args.count_only, progress=stderr_progress)
     if args.json:
         _write_json(results, args.json)
@@ -57,8 +58,9 @@ def cmd_run(args) -> int:
         text = report.ratios(results)
         if text:
             print(text)
-        if args.plot:
-            print(f"wrote {report.plot_vs_seq_len(results, args.plot, f'{exp.name} on {exp.gpu.name} (predicted)')}")
+    if args.plot:
+        png = report.plot_vs_seq_len(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)")
+        print(f"wrote {png}", file=out)
     return 0
 
 
@@ -117,8 +119,6 @@ def cmd_hardware(args) -> int:
 
 def cmd_anomalies(args) -> int:
     from .anomalies import measure
-    if args.trials < 1:
-        raise HbmsimError(f"anomalies: --trials = {args.trials} must be >= 1")
     print(json.dumps(measure(resolve_hardware(args.hardware), args.trials, args.seed), indent=1))
     return 0
 
@@ -129,6 +129,7 @@ def cmd_bench(args) -> int:
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text + "\n")
     return 0
 
@@ -139,8 +140,29 @@ def cmd_compare(args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors (and exit code 2)."""
+
+    def error(self, message):
+        print(f"hbmsim: error: {self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def count(minimum: int):
+    """An argparse type: a whole number >= minimum, named in the error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hbmsim", description="Simulate attention on a GPU memory hierarchy.")
+    p = Parser(prog="hbmsim", description="Simulate attention on a GPU memory hierarchy.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="standard vs flash attention on the A100 preset: table + figure")
     d.add_argument("--out", default="hbmsim-demo", help="folder for demo.png and demo.json (default: hbmsim-demo)")
@@ -150,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
     r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
-    r.add_argument("--trace", type=int, default=0, metavar="N", help="print the first N simulator events of each run")
+    r.add_argument("--trace", type=count(0), default=0, metavar="N", help="print the first N simulator events of each run")
     r.set_defaults(func=cmd_run)
     h = sub.add_parser("hardware", help="list hardware presets, or show one with its sources")
     h.add_argument("name", nargs="?")
@@ -161,21 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     a = sub.add_parser("anomalies", help="measure how often a bigger GPU is predicted slower (scheduling anomalies)")
     a.add_argument("--hardware", default="a100-sxm4-40gb")
-    a.add_argument("--trials", type=int, default=30)
-    a.add_argument("--seed", type=int, default=1)
+    a.add_argument("--trials", type=count(1), default=30)
+    a.add_argument("--seed", type=count(0), default=1)
     a.set_defaults(func=cmd_anomalies)
     e = sub.add_parser("emulate", help="run the CUDA kernel's CPU emulation over an experiment: bytes per tensor")
     e.add_argument("experiment", help="experiment TOML (a path or a shipped experiment's name)")
     e.add_argument("--out", default="emulated.json", help="measurement file to write (default: emulated.json)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    e.add_argument("--seed", type=count(0), default=0, help="seed of the random inputs")
     e.set_defaults(func=cmd_emulate)
     pr = sub.add_parser("profile", help="time the CUDA kernels on this machine's GPU (and count bytes with ncu)")
     pr.add_argument("experiment", help="experiment TOML (a path or a shipped experiment's name)")
     pr.add_argument("--out", default="measured.json", help="measurement file to write (default: measured.json)")
-    pr.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
-    pr.add_argument("--repeats", type=int, default=20, help="timed runs; the median is kept (default 20)")
+    pr.add_argument("--warmup", type=count(0), default=3, help="untimed runs before timing (default 3)")
+    pr.add_argument("--repeats", type=count(1), default=20, help="timed runs; the median is kept (default 20)")
     pr.add_argument("--no-ncu", action="store_true", help="do not run Nsight Compute even if ncu is on the PATH")
-    pr.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    pr.add_argument("--seed", type=count(0), default=0, help="seed of the random inputs")
     pr.set_defaults(func=cmd_profile)
     c = sub.add_parser("compare", help="predicted (hbmsim run --json) vs measured (emulate/profile) per field")
     c.add_argument("predicted")
@@ -191,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except HbmsimError as err:
         print(f"hbmsim: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:          # a path that is a folder, unwritable, ...
+        print(f"hbmsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return 2
 
 

@@ -51,13 +51,30 @@ def load(path: str | Path) -> ResultsFile:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         raise HbmsimError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise HbmsimError(f"{p}: cannot be read as a results file ({err})") from None
     except json.JSONDecodeError as err:
         raise HbmsimError(f"{p}: not valid JSON ({err})") from None
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise HbmsimError(f"{p}: field 'runs' must be a list of result objects (hbmsim run --json, emulate or profile)")
+    for i, r in enumerate(runs):
+        _check_run(p, i, r)
     source = data.get("source") or (runs[0].get("source") if runs else None) or "predicted"
     return ResultsFile(str(p), source, data.get("provenance") or {}, runs)
+
+
+def _check_run(p: Path, i: int, r: dict) -> None:
+    """The parts of a run that matching and tabulating rely on."""
+    w = r.get("workload", {})
+    if not isinstance(w, dict) or any(isinstance(v, (list, dict)) for v in w.values()):
+        raise HbmsimError(f"{p}: runs[{i}].workload = {w!r} must be an object of plain values")
+    for key in ("algorithm", "pass", "block_q", "block_kv"):
+        if isinstance(r.get(key), (list, dict)):
+            raise HbmsimError(f"{p}: runs[{i}].{key} = {r[key]!r} must be a plain value")
+    t = r.get("tensors", {})
+    if not isinstance(t, dict) or not all(isinstance(v, dict) for v in t.values()):
+        raise HbmsimError(f"{p}: runs[{i}].tensors must map tensor names to {{\"read\": bytes, \"write\": bytes}}")
 
 
 def run_key(r: dict) -> tuple:
@@ -135,8 +152,11 @@ def _fmt(field: str, x: float) -> str:
 def report(pred: ResultsFile, meas: ResultsFile, pairs: list, unmatched_pred: list, unmatched_meas: list) -> str:
     table = rows(pairs)
     label = SOURCE_LABELS.get(meas.source, meas.source)
-    lines = [f"predicted: {pred.path} ({pred.source})", f"measured:  {meas.path} ({meas.source}: {label})",
-             f"matched {len(pairs)} run(s) by configuration"]
+    hw_pred = sorted({str(r.get("hardware")) for r, _ in pairs if r.get("hardware")})
+    hw_meas = meas.provenance.get("gpu") or sorted({str(m.get("hardware")) for _, m in pairs if m.get("hardware")})
+    lines = [f"predicted: {pred.path} ({pred.source}, hardware: {', '.join(hw_pred) or 'unknown'})",
+             f"measured:  {meas.path} ({meas.source}: {label}, hardware: {hw_meas or 'none: not run on a GPU'})",
+             f"matched {len(pairs)} run(s) by configuration (check that the hardware above is the same GPU)"]
     if table:
         width = max(len(r.run) for r in table)
         head = f"{'run':{width}s}  {'field':24s} {'predicted':>16s} {meas.source:>16s} {'error':>9s}"

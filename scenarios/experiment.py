@@ -99,6 +99,9 @@ def make_workload(where: str, w: dict) -> Workload:
         if key not in w:
             raise HbmsimError(f"{where} [workload]: missing field '{key}'")
     if "seq_len" in w:
+        v = w["seq_len"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise HbmsimError(f"{where}: workload: field 'seq_len' = {v!r} must be a whole number >= 1")
         if "seq_len_q" in w or "seq_len_kv" in w:
             raise HbmsimError(f"{where} [workload]: give either 'seq_len' or 'seq_len_q' and 'seq_len_kv', not both")
         nq = nk = w["seq_len"]
@@ -156,8 +159,10 @@ def load_experiment(ref: str | Path) -> Experiment:
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise HbmsimError(f"{where}: not valid TOML ({err})") from None
+    except OSError as err:
+        raise HbmsimError(f"{where}: cannot be read ({err.strerror or err})") from None
     _unknown(where, data, TOP_FIELDS)
     name = data.get("name", path.stem)
     if "hardware" not in data:
@@ -194,9 +199,9 @@ def load_experiment(ref: str | Path) -> Experiment:
         wl = make_workload(where + (f" (sweep {label})" if label else ""), w)
         for i, rt in enumerate(run_tables):
             r = dict(rt)
-            for k, v in point.items():
-                if k in RUN_FIELDS and (k in ("algorithm", "passes") or
-                                        (k in FLASH_FIELDS) == (r.get("algorithm") != "standard")):
+            r.update({k: v for k, v in point.items() if k in ("algorithm", "passes")})   # first: they decide
+            for k, v in point.items():          # which mapping fields apply to this run
+                if k in FLASH_FIELDS + STANDARD_FIELDS and (k in FLASH_FIELDS) == (r.get("algorithm") != "standard"):
                     r[k] = v
             spec = make_run(f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else ""), r)
             configs.append(Config(gpu, wl, spec))

@@ -75,6 +75,8 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     series = defaultdict(list)
     for r in results:

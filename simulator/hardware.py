@@ -39,6 +39,8 @@ class GPU:
 
     def __post_init__(self):
         where = self.source.get("__file__", self.name)
+        if not isinstance(self.name, str) or not self.name:
+            raise HbmsimError(f"{where}: field 'name' = {self.name!r} must be a non-empty string")
         for f in dataclasses.fields(self):
             if f.name in ("name", "source"):
                 continue
@@ -90,8 +92,6 @@ def gpu_from_dict(data: dict, where: str) -> GPU:
     for name, f in fields.items():
         if name != "source" and name not in data and f.default is dataclasses.MISSING:
             raise HbmsimError(f"{where}: missing hardware field '{name}'")
-    if not isinstance(data["name"], str) or not data["name"]:
-        raise HbmsimError(f"{where}: field 'name' = {data['name']!r} must be a non-empty string")
     return GPU(**data, source={**source, "__file__": where})
 
 
@@ -102,6 +102,8 @@ def load_gpu(path: str | Path) -> GPU:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise HbmsimError(f"hardware file '{path}' not found") from None
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise HbmsimError(f"{path}: not valid TOML ({err})") from None
+    except OSError as err:
+        raise HbmsimError(f"{path}: cannot be read ({err.strerror or err})") from None
     return gpu_from_dict(data, str(path))

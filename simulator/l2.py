@@ -5,7 +5,8 @@ Tile granular, like the rest of the model: a line is one tile a program loaded o
 resident, which is how tiled programs reuse data (K/V tiles across query blocks, GEMM operand
 tiles across output tiles). Reuse across differently shaped tiles is not detected, so HBM
 traffic is over- rather than under-estimated. Stores allocate dirty lines; a dirty line costs an
-HBM write when it is evicted or when the program ends.
+HBM write when it is evicted or when the program ends. A line's owner (the simulator passes the
+tensor name and the pass that touched it) is what write-backs are credited to.
 """
 from __future__ import annotations
 
@@ -19,20 +20,21 @@ class L2Cache:
     def __init__(self, capacity_bytes: int):
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
-        self._lines: OrderedDict = OrderedDict()  # key -> [nbytes, dirty, tensor_name]
+        self._lines: OrderedDict = OrderedDict()  # key -> [nbytes, dirty, owner]
 
-    def access(self, key, nbytes: int, tensor_name: str, write: bool) -> tuple[bool, list]:
-        """Touch a tile. Returns (hit, evicted dirty lines as (tensor_name, nbytes))."""
+    def access(self, key, nbytes: int, owner, write: bool) -> tuple[bool, list]:
+        """Touch a tile. Returns (hit, evicted dirty lines as (owner, nbytes))."""
         lines = self._lines
         line = lines.get(key)
         if line is not None:
             lines.move_to_end(key)
             if write:
                 line[1] = True
+                line[2] = owner
             return True, _NONE
         if nbytes > self.capacity_bytes:
             # Larger than the cache: streams straight through (a write goes to HBM now).
-            return False, ([(tensor_name, nbytes)] if write else _NONE)
+            return False, ([(owner, nbytes)] if write else _NONE)
         evicted = _NONE
         while self.used_bytes + nbytes > self.capacity_bytes:
             _, (old_bytes, dirty, old_name) = lines.popitem(last=False)
@@ -41,7 +43,7 @@ class L2Cache:
                 if evicted is _NONE:
                     evicted = []
                 evicted.append((old_name, old_bytes))
-        lines[key] = [nbytes, write, tensor_name]
+        lines[key] = [nbytes, write, owner]
         self.used_bytes += nbytes
         return False, evicted
 

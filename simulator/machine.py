@@ -186,8 +186,8 @@ class Machine:
                 traffic.hbm_read += nbytes
             from_hbm = True
         else:
-            hit, evicted = l2.access(key, nbytes, t.name, write)
-            for name, nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
+            hit, evicted = l2.access(key, nbytes, (t.name, kernel.pass_name), write)
+            for (name, _), nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
                 (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
                 self.writeback_bytes += nb
             from_hbm = not (hit or write)
@@ -290,22 +290,23 @@ class Machine:
             state["done"].succeed()
 
     def _flush_l2(self):
+        """End of program: dirty L2 lines go to HBM, one `l2_writeback` step per pass that wrote
+        them, so each pass is credited with its own writes."""
         if self.l2 is None:
             return
-        dirty = self.l2.flush()
-        if not dirty:
-            return
-        last = self.kernels[-1] if self.kernels else None
-        k = KernelResult("l2_writeback", 0, 0, 0, last.pass_name if last else "forward", start_s=self.env.now,
-                         hbm_peak_bytes=self.live_bytes)
-        self.kernels.append(k)
-        hbm0, _ = self._busy()
-        for name, nb in dirty:
-            k.traffic(name).hbm_write += nb
-        # One request for the lot: the same bytes at the same shared bandwidth.
-        yield self.hbm.request(sum(nb for _, nb in dirty))
-        k.end_s = self.env.now
-        k.hbm_busy_s = self._busy()[0] - hbm0
+        by_pass: dict = {}
+        for (name, pass_name), nb in self.l2.flush():
+            by_pass.setdefault(pass_name, []).append((name, nb))
+        for pass_name, dirty in by_pass.items():
+            k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=self.env.now, hbm_peak_bytes=self.live_bytes)
+            self.kernels.append(k)
+            hbm0, _ = self._busy()
+            for name, nb in dirty:
+                k.traffic(name).hbm_write += nb
+            # One request for the lot: the same bytes at the same shared bandwidth.
+            yield self.hbm.request(sum(nb for _, nb in dirty))
+            k.end_s = self.env.now
+            k.hbm_busy_s = self._busy()[0] - hbm0
 
     def _main(self, program: Program):
         self._alloc(program.inputs)

@@ -158,3 +158,36 @@ def test_training_footprint_standard_keeps_p_flash_keeps_o_and_lse():
     fl = simulate(GPU, flash2_training(wl, 64, 64))
     # Q, K, V, O, dO, dK, dV, dQ in the storage dtype, the fp32 dQ accumulator, lse and D: O(N d)
     assert fl.hbm_peak_bytes == 8 * n * d * e + n * d * 4 + 2 * n * 4
+
+
+def nonzero(io):
+    return {k: v for k, v in io.items() if v != (0, 0)}
+
+
+@pytest.mark.parametrize("l2_bytes", [0, 3000, 1 << 26])
+def test_counts_hold_with_l2_and_forward_pass_of_training_equals_forward(l2_bytes):
+    # The L2 changes where bytes are served, never how many a program requests.
+    gpu = tiny_gpu(sram_bytes_per_sm=1 << 22, l2_bytes=l2_bytes, l2_bytes_per_s=1e12 if l2_bytes else 0.0)
+    wl = Workload(2, 2, 70, 45, 16, causal=True, key_padding_mask=True, dropout=0.1)
+
+    def counted(prog, pass_name):
+        return nonzero({n: (t.read, t.write) for n, t in simulate(gpu, prog).tensors(pass_name).items()})
+    assert counted(flash1_training(wl, 16, 8), "forward") == F.flash1_forward_io(wl, 16, 8)
+    assert counted(flash2_training(wl, 16, 8), "forward") == F.flash2_forward_io(wl, 16, 8)
+    assert counted(flash1_training(wl, 16, 8), "backward") == F.flash1_backward_io(wl, 16, 8)
+    assert counted(flash2_training(wl, 16, 8), "backward") == F.flash2_backward_io(wl, 16, 8)
+    assert counted(standard_training(wl, None, (32, 16, 8)), "backward") == F.standard_backward_io(wl, (32, 16, 8))
+
+
+def test_each_pass_is_credited_with_its_own_dram_writes():
+    # Everything fits in L2: DRAM writes happen only at the end-of-program write-back, which must
+    # credit the forward's outputs (O, lse) to the forward pass, as in a forward-only run.
+    from hbmsim.algorithms.flash2 import flash2_forward
+    gpu = tiny_gpu(sram_bytes_per_sm=1 << 22, l2_bytes=1 << 26, l2_bytes_per_s=1e12)
+    wl = Workload(2, 4, 128, 128, 32)
+    fwd_only = simulate(gpu, flash2_forward(wl, 64, 64))
+    train = simulate(gpu, flash2_training(wl, 64, 64))
+    assert train.total("hbm_write", "forward") == fwd_only.total("hbm_write") == 2 * 4 * 128 * (32 * 2 + 4)
+    assert [k.name for k in train.kernels if k.name == "l2_writeback"] == ["l2_writeback"] * 2
+    # backward's own DRAM writes: dQ, dK, dV (storage dtype) and D, dQ_accum (fp32), all dirty at the end
+    assert train.total("hbm_write", "backward") == 8 * 128 * 32 * (3 * 2 + 4) + 8 * 128 * 4

@@ -38,7 +38,11 @@ def scenario(tmp_path, text):
 BAD = [
     (GOOD.replace("batch = 1\n", ""), "missing field 'batch'"),
     (GOOD.replace("heads = 2", "heads = -2"), "field 'heads' = -2 must be a whole number >= 1"),
-    (GOOD.replace("seq_len = 64", "seq_len = 0"), "field 'seq_len_q' = 0 must be a whole number >= 1"),
+    (GOOD.replace("seq_len = 64", "seq_len = 0"), "field 'seq_len' = 0 must be a whole number >= 1"),
+    (GOOD + "[sweep]\nseq_len = [64, 12.5]\n", "(sweep seq_len=12.5): workload: field 'seq_len' = 12.5 must be a whole"),
+    (GOOD.replace("seq_len = 64", "seq_len_q = 0\nseq_len_kv = 8"), "field 'seq_len_q' = 0 must be a whole number >= 1"),
+    (GOOD.replace("block_q = 32", "block_q = 32.5"), "field 'block_q' = 32.5 must be a whole number >= 1 or \"auto\""),
+    (GOOD + "[hardware_overrides]\nname = 5\n", "field 'name' = 5 must be a non-empty string"),
     (GOOD.replace("seq_len = 64", "seq_len_q = 64"), "missing field 'seq_len'"),
     (GOOD.replace("seq_len = 64", "seq_len = 64\nseq_len_q = 64"), "give either 'seq_len' or 'seq_len_q'"),
     (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "field 'algorithm' = 'flash3' must be one of"),
@@ -73,6 +77,45 @@ def test_bad_scenario_one_line_exit_2(tmp_path, capsys, text, message):
     assert len(lines) == 1 and lines[0].startswith("hbmsim: error: "), err
     assert message in lines[0]
     assert "Traceback" not in err
+
+
+def test_unreadable_toml_exit_2(tmp_path, capsys):
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"name = \"\xff\xfe\"\n")
+    code, _, err = run_cli(capsys, "run", str(p))
+    assert code == 2 and err.count("\n") == 1 and "not valid TOML" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "small-masked", "--trace", "-3"], "argument --trace: -3 must be >= 0"),
+    (["anomalies", "--trials", "0"], "argument --trials: 0 must be >= 1"),
+    (["emulate", "emulate-small", "--seed", "-1"], "argument --seed: -1 must be >= 0"),
+    (["profile", "emulate-small", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_command_line_one_line_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith("hbmsim: error: ") and message in err
+
+
+def test_output_path_that_is_a_folder_exit_2(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "run", scenario(tmp_path, GOOD), "--count-only", "--json", str(tmp_path))
+    assert code == 2 and err.strip().splitlines()[-1] == f"hbmsim: error: {tmp_path}: Is a directory"
+
+
+def test_trace_and_plot_with_json_to_stdout_keep_stdout_pure(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", scenario(tmp_path, GOOD), "--json", "-", "--trace", "2",
+                             "--plot", str(tmp_path / "fig"))
+    assert code == 0 and len(json.loads(out)["runs"]) == 1
+    assert "# trace of flash2" in err and (tmp_path / "fig.png").stat().st_size > 10000
+
+
+def test_sweeping_the_algorithm_applies_its_own_block_fields(tmp_path):
+    text = GOOD.replace('algorithm = "flash2"\nblock_q = 32\nblock_kv = 32', 'algorithm = "standard"')
+    exp = load_experiment(scenario(tmp_path, text + "[sweep]\nblock_kv = [16]\nalgorithm = [\"flash2\"]\n"))
+    assert [(c.run.algorithm, c.run.params) for c in exp.configs] == [("flash2", {"block_q": "auto", "block_kv": 16})]
 
 
 def test_missing_file_exit_2(capsys):

@@ -2,6 +2,7 @@
 the end-to-end path run -> emulate -> compare on the shipped experiment gives 0% on bytes."""
 import json
 import math
+import re
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_compare_cli_prints_and_plots(tmp_path, capsys):
     png = tmp_path / "cmp.png"
     assert main(["compare", pred, meas, "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "10.00%" in out and "12.50%" in out and "50.00%" in out and "(measured: GPU measurement)" in out
+    assert "10.00%" in out and "12.50%" in out and "50.00%" in out and "(measured: GPU measurement, hardware: " in out
     assert png.stat().st_size > 10_000
 
 
@@ -146,3 +147,20 @@ block_kv = 16
     assert [r["algorithm"] for r in doc["runs"]] == ["flash2"]
     assert sorted(s["algorithm"] for s in doc["skipped"]) == ["flash1", "standard"]
     assert "skipped standard" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot be read as a results file"),                                   # a folder
+    (b"\xff\xfe{", "cannot be read as a results file"),
+    (b'{"runs": [{"algorithm": "flash2", "workload": "x"}]}', "runs[0].workload = 'x' must be an object"),
+    (b'{"runs": [{"algorithm": ["flash2"]}]}', "runs[0].algorithm = ['flash2'] must be a plain value"),
+    (b'{"runs": [{"algorithm": "flash2", "tensors": {"Q": 3}}]}', "runs[0].tensors must map tensor names"),
+])
+def test_malformed_results_file_is_one_clear_error(tmp_path, content, message):
+    p = tmp_path / "r.json"
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(HbmsimError, match=re.escape(message)):
+        C.load(p)
