@@ -149,7 +149,13 @@ def cmd_profile(args) -> int:
     runs = []
     for i, (cfg, spec) in enumerate(plan):
         (q, k, v), exact = _inputs(cfg.workload, args.seed)
-        m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
+        try:
+            m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
+        except HbmsimError as err:        # e.g. more shared memory than this GPU has: keep the others
+            skipped.append({"algorithm": spec.algorithm, "workload": _run_record(cfg, spec, "")["workload"],
+                            "reason": str(err)})
+            print(f"[{i + 1}/{len(plan)}] skipped: {err}", file=sys.stderr)
+            continue
         rec = {**_run_record(cfg, spec, "measured"), "hardware": provenance["gpu"]}
         rec["max_abs_error"] = _max_error(cfg.workload, exact, m.pop("o"))
         rec.update(m)
