@@ -22,8 +22,9 @@ class L2Cache:
         self.used_bytes = 0
         self._lines: OrderedDict = OrderedDict()  # key -> [nbytes, dirty, owner]
 
-    def access(self, key, nbytes: int, owner, write: bool) -> tuple[bool, list]:
-        """Touch a tile. Returns (hit, evicted dirty lines as (owner, nbytes))."""
+    def access(self, key, nbytes: int, owner, write: bool):
+        """Touch a tile. Returns None on a hit; on a miss, the dirty lines it evicted as
+        (owner, nbytes) (often none). One return value: this is on the simulator's hot path."""
         lines = self._lines
         line = lines.get(key)
         if line is not None:
@@ -31,10 +32,10 @@ class L2Cache:
             if write:
                 line[1] = True
                 line[2] = owner
-            return True, _NONE
+            return None
         if nbytes > self.capacity_bytes:
             # Larger than the cache: streams straight through (a write goes to HBM now).
-            return False, ([(owner, nbytes)] if write else _NONE)
+            return [(owner, nbytes)] if write else _NONE
         evicted = _NONE
         while self.used_bytes + nbytes > self.capacity_bytes:
             _, (old_bytes, dirty, old_name) = lines.popitem(last=False)
@@ -45,7 +46,7 @@ class L2Cache:
                 evicted.append((old_name, old_bytes))
         lines[key] = [nbytes, write, owner]
         self.used_bytes += nbytes
-        return False, evicted
+        return evicted
 
     def flush(self) -> list:
         """Write back every dirty line (end of program); lines stay, clean."""

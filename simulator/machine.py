@@ -68,9 +68,15 @@ class BlockContext:
 
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
-        for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
-        tiles = yield from self.wait(self.prefetch(*tiles))
-        return tiles
+        for all of them. Each tile is (view, rows, cols); returns the list of tiles.
+        (prefetch + wait, written out: this is the hottest call.)"""
+        ev, l2_done_s = self._issue(tiles, False)
+        if ev is not None:
+            yield ev
+        env = self._m.env
+        if l2_done_s > env.now:
+            yield env.timeout(l2_done_s - env.now)
+        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
     def prefetch(self, *tiles):
         """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
@@ -125,8 +131,16 @@ class BlockContext:
         """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part
         is served). The HBM and L2 parts are in flight together: the transfer ends when the later
         one does. L2 hits are a FIFO pipe, so their finish time is known now and needs no event
-        of its own unless it comes after the HBM part. (This is the simulator's hot loop.)"""
+        of its own unless it comes after the HBM part.
+
+        This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
+        tensor (requested, and DRAM when it misses L2 or there is no L2), asks the L2 model, and
+        notes dirty lines the L2 evicted (written back by one request nobody waits on)."""
         m = self._m
+        kernel = self.kernel
+        counters = kernel.tensors
+        l2 = m.l2
+        trace = m.trace
         hbm_bytes = l2_bytes = 0
         for tile in tiles:
             view, rows, cols = tile[0], tile[1], tile[2]
@@ -137,11 +151,34 @@ class BlockContext:
                 _span(cols, n_cols, "col", t)
             nbytes = (rows.stop - rows.start) * (cols.stop - cols.start) * t.itemsize
             key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
+            traffic = counters.get(t.name) or kernel.traffic(t.name)
             for w in ((write, True) if also_write else (write,)):
-                if m.account(self, t, key, nbytes, w):
+                if w:
+                    traffic.write += nbytes
+                else:
+                    traffic.read += nbytes
+                if l2 is None:
+                    from_hbm = True
+                else:
+                    evicted = l2.access(key, nbytes, (t.name, kernel.pass_name), w)
+                    from_hbm = evicted is not None and not w        # a read miss
+                    if evicted:
+                        for (name, _), nb in evicted:
+                            (counters.get(name) or kernel.traffic(name)).hbm_write += nb
+                            m.writeback_bytes += nb
+                if from_hbm:
                     hbm_bytes += nbytes
+                    if w:
+                        traffic.hbm_write += nbytes
+                    else:
+                        traffic.hbm_read += nbytes
                 else:
                     l2_bytes += nbytes
+                if trace is not None:
+                    where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
+                    trace(m.env.now, self.sm, kernel.name, self.block,
+                          f"{'store' if w else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
+                          f"{nbytes} B ({where})")
         if m.writeback_bytes:
             m.hbm.request(m.writeback_bytes)
             m.writeback_bytes = 0
@@ -150,7 +187,10 @@ class BlockContext:
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
         """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
-        yield self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes))
+        env = self._m.env
+        done_s = self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes))
+        if done_s > env.now:
+            yield env.timeout(done_s - env.now)
 
 
 class Machine:
@@ -170,36 +210,6 @@ class Machine:
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
-    def account(self, ctx: BlockContext, t: Tensor, key, nbytes: int, write: bool) -> bool:
-        """Count one tile transfer; True if it is served by HBM, False if by L2."""
-        kernel = ctx.kernel
-        traffic = kernel.tensors.get(t.name) or kernel.traffic(t.name)
-        l2 = self.l2
-        if write:
-            traffic.write += nbytes
-        else:
-            traffic.read += nbytes
-        if l2 is None:
-            if write:
-                traffic.hbm_write += nbytes
-            else:
-                traffic.hbm_read += nbytes
-            from_hbm = True
-        else:
-            hit, evicted = l2.access(key, nbytes, (t.name, kernel.pass_name), write)
-            for (name, _), nb in evicted:  # write-backs: _issue sends them as one request nobody waits on
-                (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
-                self.writeback_bytes += nb
-            from_hbm = not (hit or write)
-            if from_hbm:
-                traffic.hbm_read += nbytes
-        if self.trace is not None:
-            where = "HBM" if from_hbm else ("L2, written back later" if write else "L2 hit")
-            self.trace(self.env.now, ctx.sm, kernel.name, ctx.block,
-                       f"{'store' if write else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
-                       f"{nbytes} B ({where})")
-        return from_hbm
-
     def post(self, launch_state: dict, hbm_ev, l2_done_s: float) -> None:
         """Track a store nobody waits on, so that its kernel ends only after it has drained."""
         if l2_done_s > launch_state["drain_s"]:
@@ -208,7 +218,7 @@ class Machine:
             launch_state["stores"] += 1
             hbm_ev.callbacks.append(launch_state["store_done"])
 
-    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int):
+    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int) -> float:
         k = ctx.kernel
         k.matmul_flops += matmul_flops
         k.vector_flops += vector_flops
@@ -217,7 +227,7 @@ class Machine:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
         work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
-        return self.sms[ctx.sm].request(work_s)
+        return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
 
     # ---- running a program ----------------------------------------------------------------
     def slots_per_sm(self, launch: Launch) -> int:

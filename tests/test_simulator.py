@@ -51,12 +51,12 @@ def test_fifo_pipe_serves_in_order():
 
 def test_l2_lru_write_back():
     c = L2Cache(100)
-    assert c.access("a", 60, "A", write=True) == (False, [])
-    assert c.access("b", 30, "B", write=False) == (False, [])
-    assert c.access("a", 60, "A", write=False) == (True, [])         # hit, now most recent
-    assert c.access("c", 40, "C", write=False) == (False, [])         # evicts b (LRU, clean)
-    assert c.access("d", 50, "D", write=False) == (False, [("A", 60)])  # evicts dirty a
-    assert c.access("e", 500, "E", write=True) == (False, [("E", 500)])  # bigger than the cache
+    assert c.access("a", 60, "A", write=True) == []                  # miss, nothing evicted
+    assert c.access("b", 30, "B", write=False) == []
+    assert c.access("a", 60, "A", write=False) is None               # hit, now most recent
+    assert c.access("c", 40, "C", write=False) == []                 # evicts b (LRU, clean)
+    assert c.access("d", 50, "D", write=False) == [("A", 60)]        # evicts dirty a
+    assert c.access("e", 500, "E", write=True) == [("E", 500)]       # bigger than the cache
     assert c.flush() == []
 
 
