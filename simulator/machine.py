@@ -14,6 +14,7 @@ calls incremented.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -328,7 +329,15 @@ class Machine:
         for launch in program.launches:   # fail before simulating anything
             self.slots_per_sm(launch)
         self.env.process(self._main(program))
-        self.env.run()
+        # The cyclic garbage collector only slows a run down (about 10%): a run's objects are
+        # freed by reference counting (peak memory measured the same without it).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+        finally:
+            if collecting:
+                gc.enable()
         events = next(self.env._eid)   # SimPy numbers every event it schedules; this is the count
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
