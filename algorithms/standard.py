@@ -106,6 +106,24 @@ def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list):
     return None if tiles[0] is None else np.hstack(tiles)
 
 
+def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: list, CM, KPM, fill: float):
+    """The mask kernel's block, forward (fill -inf) and backward (fill 0): read a row panel of T
+    and the masks it needs (causal_mask tiles, the batch's key_padding_mask row), write it back."""
+    nk = T.shape[2]
+    tiles = [(T[g], rows, c) for c in chunks]
+    if CM is not None:
+        tiles += [(CM[0], rows, c) for c in chunks]
+    if KPM is not None:
+        tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
+    got = yield from ctx.load_tiles(*tiles)
+    yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)
+    val = None
+    if data is not None:
+        kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
+        val = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), np.hstack(got[:len(chunks)]), fill)
+    yield from store_panel(ctx, T, g, rows, chunks, val)
+
+
 def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
     yield from ctx.store_tiles(*[(T[g], rows, c, None if value is None else value[:, c]) for c in chunks])
 
@@ -146,19 +164,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
 
         def mask_block(ctx, index):
             g, rows = panel(index)
-            tiles = [(S[g], rows, c) for c in s_chunks]
-            if CM is not None:
-                tiles += [(CM[0], rows, c) for c in s_chunks]
-            if KPM is not None:
-                tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
-            got = yield from ctx.load_tiles(*tiles)
-            yield from ctx.compute(vector_flops=s_size(rows))
-            s = None
-            if numeric:
-                kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
-                s = np.hstack(got[:len(s_chunks)])
-                s = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), s, -np.inf)
-            yield from store_panel(ctx, S, g, rows, s_chunks, s)
+            yield from mask_panel(ctx, wl, data, S, g, rows, s_chunks, CM, KPM, -np.inf)
         launches.append(Launch("mask", g_count * panels, 0, mask_block))
 
     def softmax_block(ctx, index):

@@ -20,8 +20,8 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import d_o_tensor, grad_tensor, named
 from .common import output
-from .standard import GEMM_TILE, gemm_launch, load_panel, panels_of, standard_forward, store_panel
-from .workload import AttentionData, Workload, allowed
+from .standard import GEMM_TILE, gemm_launch, load_panel, mask_panel, panels_of, standard_forward, store_panel
+from .workload import AttentionData, Workload
 
 SOFTMAX_BWD_VECTOR_FLOPS = 4      # per element: dP * P, row sum, subtract, multiply
 
@@ -66,18 +66,7 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
 
     def mask_bwd(ctx, index):
         g, rows = panel(index)
-        tiles = [(dS[g], rows, c) for c in p_chunks]
-        if CM is not None:
-            tiles += [(CM[0], rows, c) for c in p_chunks]
-        if KPM is not None:
-            tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
-        got = yield from ctx.load_tiles(*tiles)
-        yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)
-        val = None
-        if numeric:
-            kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
-            val = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), np.hstack(got[:len(p_chunks)]), 0.0)
-        yield from store_panel(ctx, dS, g, rows, p_chunks, val)
+        yield from mask_panel(ctx, wl, data, dS, g, rows, p_chunks, CM, KPM, 0.0)
 
     def scale_bwd(ctx, index):
         g, rows = panel(index)
