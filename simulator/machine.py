@@ -103,30 +103,31 @@ class BlockContext:
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
         all of them have drained."""
         for view, rows, cols, value in tiles:
-            t = view.tensor
-            if t.data is not None:
-                shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
-                if value is None or value.shape != shape:
-                    got = None if value is None else value.shape
-                    raise HbmsimError(f"store to {t.name}: value shape {got} disagrees with tile {shape}")
-                t.data[view.group, rows, cols] = value
+            self._write(view, rows, cols, value, "store to")
         self._m.post(self._launch, *self._issue(tiles, True))
-        return
-        yield  # (a generator like the other context calls)
+        yield from ()   # a generator like the other context calls, that never waits
 
     def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None):
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
         counted as a read and a write of the tile; like a store, it does not stall the block."""
-        t = view.tensor
-        if t.data is not None:
-            shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
-            if value is None or value.shape != shape:
-                raise HbmsimError(f"atomic_add to {t.name}: value shape {None if value is None else value.shape} "
-                                  f"disagrees with tile {shape}")
-            t.data[view.group, rows, cols] += value
+        self._write(view, rows, cols, value, "atomic_add to", add=True)
         self._m.post(self._launch, *self._issue(((view, rows, cols),), False, also_write=True))
-        return
-        yield  # (a generator like the other context calls)
+        yield from ()
+
+    @staticmethod
+    def _write(view: TensorView, rows: slice, cols: slice, value, what: str, add: bool = False) -> None:
+        """Put a tile's value into the tensor's data (none in count-only mode), checking its shape."""
+        t = view.tensor
+        if t.data is None:
+            return
+        shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
+        if value is None or value.shape != shape:
+            raise HbmsimError(f"{what} {t.name}: value shape {None if value is None else value.shape} "
+                              f"disagrees with tile {shape}")
+        if add:
+            t.data[view.group, rows, cols] += value
+        else:
+            t.data[view.group, rows, cols] = value
 
     def _issue(self, tiles, write: bool, also_write: bool = False):
         """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part

@@ -24,10 +24,10 @@ class Completion(simpy.Event):
 
     __slots__ = ()
 
-    def fire_after(self, delay_s: float, value=None) -> None:
+    def fire_after(self, delay_s: float) -> None:
         # What simpy.Timeout.__init__ does, for an event created earlier.
         self._ok = True
-        self._value = value
+        self._value = None
         self.env.schedule(self, NORMAL, delay_s)
 
 
@@ -41,7 +41,7 @@ class SharedPool:
         self.name = name
         self._virtual = 0.0          # work served to each in-flight request so far
         self._last_s = 0.0           # when _virtual was last brought up to date
-        self._heap: list = []        # (finish tag, seq, event, value)
+        self._heap: list = []        # (finish tag, seq, event)
         self._seq = 0
         self._wake_at_s = None       # time of the pending wake-up, if any
         self.busy_s = 0.0            # time with at least one request in flight
@@ -55,16 +55,16 @@ class SharedPool:
             self.busy_s += dt
         self._last_s = now
 
-    def request(self, amount: float, value=None) -> Completion:
+    def request(self, amount: float) -> Completion:
         env = self.env
         ev = Completion(env)
         self.served += amount
         if amount <= 0:
-            ev.fire_after(0.0, value)
+            ev.fire_after(0.0)
             return ev
         self._advance(env.now)
         self._seq += 1
-        entry = (self._virtual + amount, self._seq, ev, value)
+        entry = (self._virtual + amount, self._seq, ev)
         heapq.heappush(self._heap, entry)
         # A newcomer only delays the others; a pending wake-up stays valid unless it finishes first.
         if self._wake_at_s is None or self._heap[0] is entry:
@@ -92,8 +92,7 @@ class SharedPool:
         heap = self._heap
         limit = self._virtual + _REL_EPS * max(1.0, abs(self._virtual))
         while heap and heap[0][0] <= limit:
-            _, _, ev, value = heapq.heappop(heap)
-            ev.fire_after(self.latency_s, value)
+            heapq.heappop(heap)[2].fire_after(self.latency_s)
         self._arm()
 
 
@@ -124,8 +123,8 @@ class FifoPipe:
         self.served += amount
         return self._free_at_s + self.latency_s
 
-    def request(self, amount: float, value=None) -> Completion:
+    def request(self, amount: float) -> Completion:
         done_s = self.reserve(amount)
         ev = Completion(self.env)
-        ev.fire_after(done_s - self.env.now, value)
+        ev.fire_after(done_s - self.env.now)
         return ev
