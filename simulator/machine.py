@@ -15,6 +15,7 @@ calls incremented.
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -200,9 +201,9 @@ class Machine:
         self.gpu = gpu
         self.trace = trace
         self.env = simpy.Environment()
-        self.hbm = SharedPool(self.env, gpu.hbm_bytes_per_s, gpu.hbm_latency_s, "hbm")
+        self.hbm = SharedPool(self.env, gpu.hbm_bytes_per_s, gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
-        self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2") if self.l2 else None
+        self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self._mm_rate = gpu.matmul_flops_per_s_per_sm
         self._vec_rate = gpu.vector_flops_per_s_per_sm
@@ -229,7 +230,18 @@ class Machine:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
         work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
+        if not work_s < math.inf:
+            self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
+                           f"flop and {sram_bytes} SRAM bytes")
         return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
+
+    def _too_slow(self, what: str):
+        g = self.gpu
+        raise HbmsimError(f"{what} is too long for simulated time to count (floats end near 1e308 s or cycles): "
+                          f"a rate is too small or the latency too large (hbm_latency_s = {g.hbm_latency_s!r}, "
+                          f"matmul_flops_per_s = {g.matmul_flops_per_s!r}, vector_flops_per_s = "
+                          f"{g.vector_flops_per_s!r}, sram_bytes_per_s_per_sm = {g.sram_bytes_per_s_per_sm!r}, "
+                          f"hbm_bytes_per_s = {g.hbm_bytes_per_s!r}, l2_bytes_per_s = {g.l2_bytes_per_s!r})")
 
     # ---- running a program ----------------------------------------------------------------
     def slots_per_sm(self, launch: Launch) -> int:
@@ -339,6 +351,8 @@ class Machine:
         finally:
             if collecting:
                 gc.enable()
+        if not self.env.now * self.gpu.clock_hz < math.inf:     # the result counts cycles too
+            self._too_slow(f"program {program.name}: its predicted time of {self.env.now!r} s")
         events = next(self.env._eid)   # SimPy numbers every event it schedules; this is the count
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,

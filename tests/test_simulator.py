@@ -18,7 +18,10 @@ def finish_times(pool_cls, requests, rate=100.0, latency=0.0):
 
     def client(i, at, amount):
         yield env.timeout(at)
-        yield pool.request(amount)
+        if isinstance(pool, FifoPipe):
+            yield env.timeout(pool.reserve(amount) - env.now)
+        else:
+            yield pool.request(amount)
         out[i] = env.now
     for i, (at, amount) in enumerate(requests):
         env.process(client(i, at, amount))
