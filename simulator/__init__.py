@@ -2,10 +2,10 @@
 traffic counters and results. Knows nothing about attention."""
 from .errors import HbmsimError
 from .hardware import GPU, gpu_from_dict, load_gpu
-from .machine import BlockContext, Launch, Machine, Program, simulate
+from .machine import BlockContext, Launch, Machine, Program, check_program, program_footprint_bytes, simulate
 from .results import KernelResult, SimResult, TensorTraffic
 from .tensor import DTYPE_BYTES, Tensor, TensorView
 
 __all__ = ["HbmsimError", "GPU", "gpu_from_dict", "load_gpu", "BlockContext", "Launch", "Machine",
-           "Program", "simulate", "KernelResult", "SimResult", "TensorTraffic", "DTYPE_BYTES",
+           "Program", "check_program", "program_footprint_bytes", "simulate", "KernelResult", "SimResult", "TensorTraffic", "DTYPE_BYTES",
            "Tensor", "TensorView"]

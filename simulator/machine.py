@@ -245,7 +245,11 @@ class Machine:
 
     # ---- running a program ----------------------------------------------------------------
     def slots_per_sm(self, launch: Launch) -> int:
-        gpu = self.gpu
+        return self.slots_per_sm_of(self.gpu, launch)
+
+    @staticmethod
+    def slots_per_sm_of(gpu: GPU, launch: Launch) -> int:
+        """Blocks of `launch` one SM holds at once; a block larger than SRAM is an error."""
         if launch.sram_bytes > gpu.sram_bytes_per_sm:
             raise HbmsimError(
                 f"kernel {launch.name}: a block needs {launch.sram_bytes} bytes of SRAM, "
@@ -338,16 +342,20 @@ class Machine:
             yield from self._run_launch(launch)
         yield from self._flush_l2()
 
-    def run(self, program: Program) -> SimResult:
-        for launch in program.launches:   # fail before simulating anything
-            self.slots_per_sm(launch)
+    def run(self, program: Program, max_events: int | None = None) -> SimResult:
+        """Simulate `program`. `max_events` (tests of liveness) turns a run that would take more
+        SimPy events than that into an error instead of a long wait."""
+        check_program(self.gpu, program)   # fail before simulating anything
         self.env.process(self._main(program))
         # The cyclic garbage collector only slows a run down (about 10%): a run's objects are
         # freed by reference counting (peak memory measured the same without it).
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self.env.run()
+            if max_events is None:
+                self.env.run()
+            else:
+                self._run_bounded(program, max_events)
         finally:
             if collecting:
                 gc.enable()
@@ -361,6 +369,38 @@ class Machine:
         )
 
 
-def simulate(gpu: GPU, program: Program, trace: Callable | None = None) -> SimResult:
+    def _run_bounded(self, program: Program, max_events: int) -> None:
+        env = self.env
+        for _ in range(max_events):
+            if env.peek() == math.inf:
+                return
+            env.step()
+        if env.peek() != math.inf:
+            raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
+
+
+def program_footprint_bytes(program: Program) -> int:
+    """Peak HBM bytes live during `program`: its inputs, plus each launch's allocations, less
+    what earlier launches freed (the same bookkeeping the machine does as it runs)."""
+    live = peak = sum(t.nbytes for t in program.inputs)
+    for launch in program.launches:
+        live += sum(t.nbytes for t in launch.allocs)
+        peak = max(peak, live)
+        live -= sum(t.nbytes for t in launch.frees)
+    return peak
+
+
+def check_program(gpu: GPU, program: Program) -> None:
+    """Everything about a program that can fail, checked without simulating: each kernel's
+    block fits SRAM, and the peak HBM footprint fits HBM. Raises HbmsimError with the numbers."""
+    for launch in program.launches:
+        Machine.slots_per_sm_of(gpu, launch)
+    need = program_footprint_bytes(program)
+    if need > gpu.hbm_capacity_bytes:
+        raise HbmsimError(f"HBM footprint {need} bytes exceeds hbm_capacity_bytes = {gpu.hbm_capacity_bytes} "
+                          f"on {gpu.name}")
+
+
+def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None) -> SimResult:
     """Run `program` on a fresh machine built from `gpu`."""
-    return Machine(gpu, trace).run(program)
+    return Machine(gpu, trace).run(program, max_events)

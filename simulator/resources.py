@@ -123,7 +123,7 @@ class SharedPool:
         now = self.env.now
         self._advance(now)
         heap, v, rate = self._heap, self._virtual, self.rate_per_s
-        limit = v + _REL_EPS * max(1.0, abs(v))
+        limit = v + _REL_EPS * abs(v)
         while heap:
             tag = heap[0][0]
             # Finished: served up to rounding, or so nearly that its finish time is `now` itself.
