@@ -5,6 +5,8 @@ predicted against measured traffic on log axes with the y = x line.
 Predicted files come from `hbmsim run ... --json`; measured files from `hbmsim emulate`
 ("source": "emulated", global bytes per tensor) or `hbmsim profile` ("source": "measured",
 times and, with ncu, DRAM and L2 bytes). A field is compared only where both files have it.
+Both files are checked as strictly as experiments are (see `_check_run`): a bad value is one
+line naming the file, the run, the field, the value and the limit.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hbmsim.simulator import HbmsimError
+
+from .outputs import check_plot_path
 
 FIELDS = ("global_read_bytes", "global_write_bytes", "hbm_read_bytes", "hbm_write_bytes", "time_s")
 WORKLOAD_KEYS = ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim", "dtype", "causal", "key_padding_mask",
@@ -46,6 +50,9 @@ class Row:
 
 
 def load(path: str | Path) -> ResultsFile:
+    """A results file, every run checked (_check_run); two runs of one configuration (run_key) are
+    refused, since either could be matched. (So a predicted file that sweeps only standard's GEMM
+    tiles cannot be compared: tiles are not part of the configuration a measurement names.)"""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -58,23 +65,82 @@ def load(path: str | Path) -> ResultsFile:
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise HbmsimError(f"{p}: field 'runs' must be a list of result objects (hbmsim run --json, emulate or profile)")
-    for i, r in enumerate(runs):
-        _check_run(p, i, r)
     source = data.get("source") or (runs[0].get("source") if runs else None) or "predicted"
-    return ResultsFile(str(p), source, data.get("provenance") or {}, runs)
+    provenance = data.get("provenance") or {}
+    if not isinstance(source, str):
+        raise HbmsimError(f"{p}: field 'source' = {source!r} must be a string (predicted, emulated, measured)")
+    if not isinstance(provenance, dict):
+        raise HbmsimError(f"{p}: field 'provenance' = {provenance!r} must be an object")
+    seen: dict = {}
+    for i, r in enumerate(runs):
+        _check_run(p, i, r, source)
+        first = seen.setdefault(run_key(r), i)
+        if first != i:
+            one = "one prediction" if source == "predicted" else "one measurement"
+            raise HbmsimError(f"{p}: runs[{first}] and runs[{i}] are the same configuration ({describe(r)}): "
+                              f"{one} per configuration")
+    return ResultsFile(str(p), source, provenance, runs)
 
 
-def _check_run(p: Path, i: int, r: dict) -> None:
-    """The parts of a run that matching and tabulating rely on."""
-    w = r.get("workload", {})
+# Limits on numbers: (whole number?, ">" or ">=", bound).
+BYTES, SOME_BYTES, TIME, COUNT = (True, ">=", 0), (True, ">", 0), (False, ">", 0), (True, ">=", 1)
+WORKLOAD_COUNTS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim")
+
+
+def field_limits(source: str) -> dict:
+    """The limit on each of FIELDS in a file from `source` (see _check_run for the reasons)."""
+    return {"global_read_bytes": SOME_BYTES, "global_write_bytes": SOME_BYTES,
+            "hbm_read_bytes": BYTES if source == "measured" else SOME_BYTES, "hbm_write_bytes": BYTES,
+            "time_s": TIME}
+
+
+def _within(v, limit: tuple) -> bool:
+    whole, op, bound = limit
+    if not _number(v) or (isinstance(v, float) and not math.isfinite(v)):     # JSON's NaN, Infinity
+        return False
+    if whole and isinstance(v, float) and not v.is_integer():
+        return False
+    return v > bound if op == ">" else v >= bound
+
+
+def _check_run(p: Path, i: int, r: dict, source: str = "predicted") -> None:
+    """The parts of a run that matching and tabulating rely on, and every number compared.
+
+    null counts as absent (a file may omit fields: emulated runs have no times, no HBM bytes).
+    - workload: an object of plain values; batch, heads, seq_len*, head_dim whole numbers >= 1.
+    - algorithm, pass: strings; block_q, block_kv: whole numbers >= 1.
+    - tensors.NAME.read / .write: whole numbers >= 0 (Q, K, V are never written).
+    - global_read_bytes, global_write_bytes: whole numbers > 0. Every producer counts each pass's
+      loads of its inputs and stores of its outputs (O, lse; dQ, dK, dV) at the L2 side, so zero
+      is a broken file. time_s: a finite number > 0 (every kernel takes time).
+    - hbm_read_bytes: > 0 in predicted files: the simulator starts every input cold in DRAM and
+      each pass first touches one (Q, K, V; dO in the backward). >= 0 in measured files: profile
+      runs ncu with --cache-control none right after copying the inputs to the GPU, so a small
+      working set can be served by L2 without a DRAM read.
+    - hbm_write_bytes: >= 0 everywhere. The simulator's L2 is write-back and DRAM writes are
+      credited to the kernel running at eviction: with a small L2 (e.g. l2_bytes = 65536, flash2
+      B=H=1 N=256 d=64 fp16 forward + backward) the forward's O stays dirty in L2 until the
+      backward evicts it, and the forward's hbm_write_bytes is 0. On a GPU, outputs still dirty in
+      L2 when the kernel ends likewise reach DRAM after ncu stops counting.
+    """
+    w = {} if r.get("workload") is None else r["workload"]
     if not isinstance(w, dict) or any(isinstance(v, (list, dict)) for v in w.values()):
         raise HbmsimError(f"{p}: runs[{i}].workload = {w!r} must be an object of plain values")
-    for key in ("algorithm", "pass", "block_q", "block_kv"):
-        if isinstance(r.get(key), (list, dict)):
-            raise HbmsimError(f"{p}: runs[{i}].{key} = {r[key]!r} must be a plain value")
-    t = r.get("tensors", {})
+    for key, example in (("algorithm", "flash2"), ("pass", "forward")):
+        if r.get(key) is not None and not isinstance(r[key], str):
+            raise HbmsimError(f"{p}: runs[{i}].{key} = {r[key]!r} must be a plain value (a string, e.g. {example!r})")
+    t = {} if r.get("tensors") is None else r["tensors"]
     if not isinstance(t, dict) or not all(isinstance(v, dict) for v in t.values()):
         raise HbmsimError(f"{p}: runs[{i}].tensors must map tensor names to {{\"read\": bytes, \"write\": bytes}}")
+    checks = [(f, r.get(f), limit) for f, limit in field_limits(source).items()]
+    checks += [(f"workload.{k}", w.get(k), COUNT) for k in WORKLOAD_COUNTS]
+    checks += [(k, r.get(k), COUNT) for k in ("block_q", "block_kv")]
+    checks += [(f"tensors.{name}.{side}", rw.get(side), BYTES) for name, rw in t.items() for side in ("read", "write")]
+    for field, value, limit in checks:
+        if value is not None and not _within(value, limit):
+            whole, op, bound = limit
+            raise HbmsimError(f"{p}: runs[{i}] ({describe(r)}): field '{field}' = {value!r} must be a "
+                              f"{'whole' if whole else 'finite'} number {op} {bound}")
 
 
 def run_key(r: dict) -> tuple:
@@ -185,7 +251,7 @@ def plot(pairs: list, path: str | Path, source: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
+    path = check_plot_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     series = {"global (L2-side) bytes, read + write": ("global_read_bytes", "global_write_bytes", "tab:blue", "o"),
               "HBM (DRAM) bytes, read + write": ("hbm_read_bytes", "hbm_write_bytes", "tab:red", "s")}
@@ -215,12 +281,13 @@ def plot(pairs: list, path: str | Path, source: str) -> Path:
 
 
 def compare_files(predicted_path: str, measured_path: str, plot_path: str | None = None) -> str:
+    plot_to = check_plot_path(plot_path) if plot_path else None     # before any work
     pred, meas = load(predicted_path), load(measured_path)
     pairs, up, um = match(pred.runs, meas.runs)
     if not pairs:
         raise HbmsimError(f"compare: no run of {measured_path} matches a run of {predicted_path} by configuration "
                           "(algorithm, pass, workload, block sizes)")
     text = report(pred, meas, pairs, up, um)
-    if plot_path:
-        text += f"\nwrote {plot(pairs, plot_path, meas.source)}"
+    if plot_to:
+        text += f"\nwrote {plot(pairs, plot_to, meas.source)}"
     return text
