@@ -5,7 +5,9 @@ User errors (bad scenario, block too big, bad shapes) print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,21 +16,31 @@ import numpy as np
 from hbmsim.simulator import HbmsimError, load_gpu
 
 from . import report
-from .experiment import HARDWARE_DIR, load_experiment, preset_names, resolve_hardware
+from .experiment import HARDWARE_DIR, load_experiment, preset_names, resolve_experiment, resolve_hardware, sweep_size
 from .measure import cmd_emulate, cmd_profile
-from .runner import run_config, run_experiment, stderr_progress
+from .outputs import check_output_dir, check_output_path, check_plot_path, write_text_atomic
+from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress
 
 DEMO_EXPERIMENT = "demo"
 
 
-def _write_json(results: list[dict], dest: str) -> None:
-    text = json.dumps({"runs": results}, indent=1)
+def _results_doc(name: str, results: list[dict], complete: bool, stopped: str | None = None) -> str:
+    doc = {"experiment": name, "complete": complete}
+    if stopped:
+        doc["stopped"] = stopped
+    doc["runs"] = results
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def _write_json(results: list[dict], dest: str, name: str = "", complete: bool = True, stopped: str | None = None,
+                quiet: bool = False) -> None:
+    text = _results_doc(name, results, complete, stopped)
     if dest == "-":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(text)
     else:
-        Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        Path(dest).write_text(text + "\n")
-        print(f"wrote {dest}", file=sys.stderr)
+        write_text_atomic(dest, text)
+        if not quiet:
+            print(f"wrote {dest}", file=sys.stderr)
 
 
 def _tracer(limit: int, out):
@@ -41,27 +53,86 @@ def _tracer(limit: int, out):
     return trace
 
 
+# A sweep larger than this (configurations, or estimated seconds of simulation) needs --yes.
+CONFIRM_CONFIGS = 1000
+CONFIRM_WALL_S = 3600.0
+
+
+def _fmt_duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
 def cmd_run(args) -> int:
-    exp = load_experiment(args.file)
     to_stdout = args.json == "-"
+    if args.json and not to_stdout:                       # every output checked before any work
+        check_output_path(args.json, "--json")
+    if args.plot:
+        check_output_path(check_plot_path(args.plot), "--plot")
+    size = sweep_size(args.file)
+    if size > CONFIRM_CONFIGS and not args.yes:
+        raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
+                          "pass --yes to simulate them all, or narrow the [sweep]")
+    exp = prepare(load_experiment(args.file))            # every point's SRAM fit and HBM footprint
+    for note in dict.fromkeys(f"{cfg.where}: {n}" for cfg in exp.configs for n in cfg.notes):
+        print(f"hbmsim: note: {note}", file=sys.stderr)
+    n = len(exp.configs)
+    estimate_s = sum(estimated_wall_s(cfg) for cfg in exp.configs)
+    if estimate_s > CONFIRM_WALL_S and not args.yes:
+        raise HbmsimError(f"{exp.path}: {n:,} configuration(s), estimated {_fmt_duration(estimate_s)} of simulation "
+                          f"on this machine (more than {_fmt_duration(CONFIRM_WALL_S)}): pass --yes to start")
+    if n > 1 or estimate_s > 10:
+        print(f"{exp.name}: {n} configuration(s), roughly {_fmt_duration(estimate_s)} of simulation (estimated)",
+              file=sys.stderr)
     out = sys.stderr if to_stdout else sys.stdout     # with --json -, stdout carries only the JSON
     if args.trace:
         for cfg in exp.configs:
             print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)", file=out)
             run_config(cfg, count_only=True, trace=_tracer(args.trace, out))
-    results = run_experiment(exp, count_only=args.count_only, progress=stderr_progress)
-    if args.json:
-        _write_json(results, args.json)
-    if not to_stdout:
-        print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured)")
-        print(report.table(results))
-        text = report.ratios(results)
-        if text:
-            print(text)
+    results: list[dict] = []
+    done = [0]
+
+    def progress(i, total, cfg, result, wall_s):
+        done[0] = i
+        stderr_progress(i, total, cfg, result, wall_s)
+
+    def save(rs):
+        if args.json and not to_stdout:
+            _write_json(rs, args.json, exp.name, complete=False, quiet=True)
+
+    def finish(complete: bool, stopped: str | None = None):
+        if args.json:
+            _write_json(results, args.json, exp.name, complete, stopped, quiet=not complete)
+        if not to_stdout and results:
+            status = "" if complete else f" (partial: {done[0]} of {n} configurations finished)"
+            print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured){status}")
+            print(report.table(results))
+            text = report.ratios(results)
+            if text:
+                print(text)
+
+    try:
+        run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save)
+    except KeyboardInterrupt:
+        finish(False, f"interrupted after {done[0]} of {n} configurations")
+        raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
+                          + (f"; the finished ones are in {args.json}" if args.json and not to_stdout else "")) from None
+    except HbmsimError as err:
+        finish(False, f"error after {done[0]} of {n} configurations: {err}")
+        raise HbmsimError(f"{err} (stopped after {done[0]} of {n} configurations"
+                          + (f"; the finished ones are in {args.json})" if args.json and not to_stdout else ")")) from None
+    finish(True)
     if args.plot:
         png = report.plot_vs_seq_len(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)")
         print(f"wrote {png}", file=out)
     return 0
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run, after what finished was saved: one line, exit 130."""
 
 
 def seed_example() -> str:
@@ -88,15 +159,15 @@ def seed_example() -> str:
 
 
 def cmd_demo(args) -> int:
-    exp = load_experiment(DEMO_EXPERIMENT)
-    out = Path(args.out)
+    out = check_output_dir(args.out, "--out")
+    exp = prepare(load_experiment(DEMO_EXPERIMENT))
     print(seed_example())
     print()
     print(f"Standard vs flash2 attention forward on {exp.gpu.name}, count-only (numbers predicted, not measured):")
     results = run_experiment(exp, count_only=True, progress=stderr_progress)
     print(report.table(results))
     print(report.ratios(results))
-    _write_json(results, str(out / "demo.json"))
+    _write_json(results, str(out / "demo.json"), exp.name)
     png = report.plot_vs_seq_len(results, out / "demo.png",
                                  f"Attention forward on {exp.gpu.name}: predicted by hbmsim (simulated, not measured)")
     print(f"\nWrote {png} and {out / 'demo.json'} (folder: {out.resolve()})")
@@ -125,17 +196,20 @@ def cmd_anomalies(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import bench
+    if args.json:
+        check_output_path(args.json, "--json")
     result = bench(args.experiment)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
+        write_text_atomic(args.json, text + "\n")
     return 0
 
 
 def cmd_compare(args) -> int:
     from .compare import compare_files
+    if args.plot:
+        check_output_path(check_plot_path(args.plot), "--plot")
     print(compare_files(args.predicted, args.measured, args.plot))
     return 0
 
@@ -163,28 +237,32 @@ def count(minimum: int):
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="hbmsim", description="Simulate attention on a GPU memory hierarchy.")
+    p.add_argument("--version", action="version", version=f"hbmsim {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="standard vs flash attention on the A100 preset: table + figure")
     d.add_argument("--out", default="hbmsim-demo", help="folder for demo.png and demo.json (default: hbmsim-demo)")
     d.set_defaults(func=cmd_demo)
     r = sub.add_parser("run", help="run an experiment TOML (a path or a shipped experiment's name)")
-    r.add_argument("file")
+    r.add_argument("file", help="experiment TOML: a path, or a shipped experiment's name (e.g. demo, gpt2-medium)")
     r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
     r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
     r.add_argument("--trace", type=count(0), default=0, metavar="N", help="print the first N simulator events of each run")
+    r.add_argument("--yes", action="store_true",
+                   help=f"start a sweep of more than {CONFIRM_CONFIGS} configurations or over "
+                        f"{_fmt_duration(CONFIRM_WALL_S)} of estimated simulation")
     r.set_defaults(func=cmd_run)
     h = sub.add_parser("hardware", help="list hardware presets, or show one with its sources")
-    h.add_argument("name", nargs="?")
+    h.add_argument("name", nargs="?", help="a preset's name (see the list) or a hardware TOML file")
     h.set_defaults(func=cmd_hardware)
     b = sub.add_parser("bench", help="time the simulator on a GPT-2-medium-sized experiment vs bare SimPy")
-    b.add_argument("--experiment", default="gpt2-medium")
-    b.add_argument("--json", metavar="PATH")
+    b.add_argument("--experiment", default="gpt2-medium", help="experiment to time (default: gpt2-medium)")
+    b.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
     b.set_defaults(func=cmd_bench)
     a = sub.add_parser("anomalies", help="measure how often a bigger GPU is predicted slower (scheduling anomalies)")
-    a.add_argument("--hardware", default="a100-sxm4-40gb")
-    a.add_argument("--trials", type=count(1), default=30)
-    a.add_argument("--seed", type=count(0), default=1)
+    a.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default: a100-sxm4-40gb)")
+    a.add_argument("--trials", type=count(1), default=30, help="random configurations to try (default 30)")
+    a.add_argument("--seed", type=count(0), default=1, help="seed of the random configurations (default 1)")
     a.set_defaults(func=cmd_anomalies)
     e = sub.add_parser("emulate", help="run the CUDA kernel's CPU emulation over an experiment: bytes per tensor")
     e.add_argument("experiment", help="experiment TOML (a path or a shipped experiment's name)")
@@ -200,23 +278,44 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=count(0), default=0, help="seed of the random inputs")
     pr.set_defaults(func=cmd_profile)
     c = sub.add_parser("compare", help="predicted (hbmsim run --json) vs measured (emulate/profile) per field")
-    c.add_argument("predicted")
-    c.add_argument("measured")
+    c.add_argument("predicted", help="results of `hbmsim run ... --json PATH` (source: predicted)")
+    c.add_argument("measured", help="a measurement file: `hbmsim emulate` (emulated) or `hbmsim profile` (measured)")
     c.add_argument("--plot", metavar="PNG", help="draw predicted against measured traffic (log axes, y = x)")
     c.set_defaults(func=cmd_compare)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        return args.func(args)
+        return version("hbmsim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        code = args.func(args)
+        sys.stdout.flush()          # a closed pipe shows here, where it is handled, not at exit
+        return code
     except HbmsimError as err:
         print(f"hbmsim: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:          # a path that is a folder, unwritable, ...
-        print(f"hbmsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+    except OSError as err:
+        if isinstance(err, BrokenPipeError) or err.errno == errno.EPIPE:
+            # The reader went away (`hbmsim compare ... | head`): stop quietly, as Unix tools do.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 141
+        print(f"hbmsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)   # a folder, unwritable
         return 2
+    except Interrupted as err:
+        print(f"hbmsim: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("hbmsim: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ names the file, the field, the value and the limit.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +36,23 @@ class RunSpec:
     params: dict = field(default_factory=dict, hash=False)   # block_q/block_kv or tile_m/tile_n/tile_k
 
 
+# Hardware fields a [sweep] may vary ("what if the SRAM were larger"), and `hardware` itself.
+HARDWARE_SWEEP_FIELDS = ("hardware",) + tuple(f.name for f in dataclasses.fields(GPU) if f.name not in ("name", "source"))
+
+
 @dataclass(frozen=True)
 class Config:
-    """One point to simulate: a workload and a run on a GPU."""
+    """One point to simulate: a workload and a run on a GPU. `where` names the file, the run and
+    the sweep point (for messages); `point` is the sweep point itself ({field: value}); `mapping`
+    is the resolved block sizes or GEMM tiles (set by `runner.prepare`), `notes` what resolving
+    them changed (e.g. a block clamped to the sequence)."""
     gpu: GPU
     workload: Workload
     run: RunSpec
+    where: str = ""
+    point: dict = field(default_factory=dict, compare=False, hash=False)
+    mapping: dict | None = field(default=None, compare=False, hash=False)
+    notes: tuple = ()
 
 
 @dataclass
@@ -48,6 +61,16 @@ class Experiment:
     path: str
     gpu: GPU
     configs: list
+
+
+def sweep_size(ref: str | Path) -> int:
+    """How many configurations an experiment expands to (sweep points x runs), without expanding
+    it: what `hbmsim run` says, and asks --yes for, before starting a large sweep."""
+    path, data = _read(ref)
+    runs = data.get("runs")
+    sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
+    points = math.prod(len(v) if isinstance(v, list) else 1 for v in sweep.values())
+    return points * (len(runs) if isinstance(runs, list) else 1)
 
 
 def preset_names() -> list[str]:
@@ -68,11 +91,24 @@ def resolve_experiment(ref: str) -> Path:
     p = Path(ref)
     if p.is_file():
         return p
+    if p.is_dir():
+        raise HbmsimError(f"experiment '{ref}' is a folder: give an experiment TOML file or a shipped experiment's name")
     shipped = EXPERIMENTS_DIR / f"{ref}.toml"
     if shipped.is_file():
         return shipped
     raise HbmsimError(f"experiment '{ref}' not found (a file, or one of: "
                       f"{', '.join(sorted(q.stem for q in EXPERIMENTS_DIR.glob('*.toml')))})")
+
+
+def _read(ref: str | Path) -> tuple[Path, dict]:
+    path = resolve_experiment(str(ref))
+    try:
+        with path.open("rb") as fh:
+            return path, tomllib.load(fh)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise HbmsimError(f"{path}: not valid TOML ({err})") from None
+    except OSError as err:
+        raise HbmsimError(f"{path}: cannot be read ({err.strerror or err})") from None
 
 
 def _unknown(where: str, table: dict, known: tuple) -> None:
@@ -154,25 +190,13 @@ def make_run(where: str, r: dict) -> RunSpec:
 
 
 def load_experiment(ref: str | Path) -> Experiment:
-    path = resolve_experiment(str(ref))
+    path, data = _read(ref)
     where = str(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise HbmsimError(f"{where}: not valid TOML ({err})") from None
-    except OSError as err:
-        raise HbmsimError(f"{where}: cannot be read ({err.strerror or err})") from None
     _unknown(where, data, TOP_FIELDS)
     name = data.get("name", path.stem)
     if "hardware" not in data:
         raise HbmsimError(f"{where}: missing field 'hardware' (a preset: {', '.join(preset_names())}, or a file)")
-    if not isinstance(data["hardware"], str):
-        raise HbmsimError(f"{where}: field 'hardware' = {data['hardware']!r} must be a preset name or a path")
-    gpu = resolve_hardware(data["hardware"], path.parent)
     overrides = _table(where, data, "hardware_overrides", required=False)
-    if overrides:
-        gpu = gpu.with_overrides(overrides, f"{where} [hardware_overrides]")   # re-validated
     workload = _table(where, data, "workload")
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
@@ -180,14 +204,34 @@ def load_experiment(ref: str | Path) -> Experiment:
     run_tables = [dict(r) for r in runs]
     sweep = _table(where, data, "sweep", required=False)
     for key, values in sweep.items():
-        if key not in WORKLOAD_FIELDS and key not in RUN_FIELDS:
-            raise HbmsimError(f"{where} [sweep]: '{key}' names neither a workload nor a run field")
+        if key not in WORKLOAD_FIELDS and key not in RUN_FIELDS and key not in HARDWARE_SWEEP_FIELDS:
+            raise HbmsimError(f"{where} [sweep]: '{key}' names neither a workload, a run nor a hardware field")
         if not isinstance(values, list) or not values:
             raise HbmsimError(f"{where} [sweep]: '{key}' = {values!r} must be a non-empty list")
+    gpus: dict = {}
+
+    def gpu_for(ref, hw_point: dict, label: str) -> GPU:
+        """The hardware of one sweep point: the preset or file, the overrides, the swept fields."""
+        key = (ref if isinstance(ref, str) else repr(ref), tuple(hw_point.items()))
+        if key not in gpus:
+            at = where + (f" (sweep {label})" if label else "")
+            if not isinstance(ref, str):
+                raise HbmsimError(f"{at}: field 'hardware' = {ref!r} must be a preset name or a path")
+            gpu = resolve_hardware(ref, path.parent)
+            if overrides:
+                gpu = gpu.with_overrides(overrides, f"{where} [hardware_overrides]")   # re-validated
+            if hw_point:
+                gpu = gpu.with_overrides(hw_point, f"{at} [sweep]")
+            gpus[key] = gpu
+        return gpus[key]
+
     configs = []
     keys = list(sweep)
     for combo in itertools.product(*(sweep[k] for k in keys)):
         point = dict(zip(keys, combo))
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        gpu = gpu_for(point.get("hardware", data["hardware"]),
+                      {k: v for k, v in point.items() if k in HARDWARE_SWEEP_FIELDS and k != "hardware"}, label)
         w = dict(workload)
         for k, v in point.items():
             if k in WORKLOAD_FIELDS:
@@ -195,7 +239,6 @@ def load_experiment(ref: str | Path) -> Experiment:
                     w.pop("seq_len_q", None)
                     w.pop("seq_len_kv", None)
                 w[k] = v
-        label = ", ".join(f"{k}={v}" for k, v in point.items())
         wl = make_workload(where + (f" (sweep {label})" if label else ""), w)
         for i, rt in enumerate(run_tables):
             r = dict(rt)
@@ -203,7 +246,7 @@ def load_experiment(ref: str | Path) -> Experiment:
             for k, v in point.items():          # which mapping fields apply to this run
                 if k in FLASH_FIELDS + STANDARD_FIELDS and (k in FLASH_FIELDS) == (r.get("algorithm") != "standard"):
                     r[k] = v
-            spec = make_run(f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else ""), r)
-            configs.append(Config(gpu, wl, spec))
-    return Experiment(name=name, path=where, gpu=gpu, configs=configs)
-
+            at = f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else "")
+            configs.append(Config(gpu, wl, make_run(at, r), where=at, point=point))
+    first_gpu = configs[0].gpu
+    return Experiment(name=name, path=where, gpu=first_gpu, configs=configs)

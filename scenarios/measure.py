@@ -16,6 +16,7 @@ import numpy as np
 from hbmsim.simulator import HbmsimError
 
 from .experiment import load_experiment
+from .outputs import check_output_path, write_text_atomic
 
 
 def _kernel_plan(exp, algorithms: tuple) -> tuple[list, list]:
@@ -85,8 +86,7 @@ def _run_record(cfg, spec, source: str) -> dict:
 
 
 def _write_measurements(path: str, doc: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path} ({len(doc['runs'])} run(s), source: {doc['source']})")
 
 
@@ -100,6 +100,7 @@ def cmd_emulate(args) -> int:
     from hbmsim.kernels.emulation import Emulator, compiler
     from hbmsim.kernels.profile import emulation_provenance, traffic_fields
 
+    check_output_path(args.out, "--out")
     exp = load_experiment(args.experiment)
     plan, skipped = _kernel_plan(exp, ("flash2",))
     _print_skipped(skipped)
@@ -132,10 +133,11 @@ def cmd_profile(args) -> int:
     from hbmsim.kernels.gpu import gpu_available
     from hbmsim.kernels.profile import gpu_provenance, measure_on_gpu
 
+    check_output_path(args.out, "--out")
+    exp = load_experiment(args.experiment)               # a missing experiment is said first
     ok, why = gpu_available()
     if not ok:
         raise HbmsimError(f"profile: no GPU to measure on ({why}); nothing was measured or written")
-    exp = load_experiment(args.experiment)
     plan, skipped = _kernel_plan(exp, ("flash2", "standard"))
     _print_skipped(skipped)
     if not plan:

@@ -27,21 +27,39 @@ def _mapping(r: dict) -> str:
 def _key(r: dict) -> tuple:
     """Results with equal keys differ only in the algorithm (and its mapping)."""
     w = r["workload"]
-    return (r["hardware"], r["pass"], tuple(sorted((k, v) for k, v in w.items())))
+    return (_hardware(r), r["pass"], tuple(sorted((k, v) for k, v in w.items())))
+
+
+def _masks(w: dict) -> str:
+    """The workload's masks in a few characters: causal, key padding, dropout p."""
+    parts = (["causal"] if w.get("causal") else []) + (["pad"] if w.get("key_padding_mask") else []) + \
+        ([f"drop{w['dropout']:g}"] if w.get("dropout") else [])
+    return "+".join(parts) or "-"
+
+
+def _hardware(r: dict) -> str:
+    swept = r.get("hardware_sweep") or {}
+    extra = " ".join(f"{k}={v}" for k, v in swept.items() if k != "hardware")
+    return f"{r['hardware']} {extra}".strip()
 
 
 def table(results: list[dict]) -> str:
-    head = ("algorithm", "pass", "N_q x N_kv", "B*H", "d", "mapping", "HBM read", "HBM write", "L2-side R+W",
-            "HBM peak", "time (pred.)", "bound")
+    """One row per result; a hardware column only when the results span several machines."""
+    with_hw = len({_hardware(r) for r in results}) > 1
+    head = (("hardware",) if with_hw else ()) + (
+        "algorithm", "pass", "N_q x N_kv", "B*H", "d", "dtype", "masks", "mapping", "HBM read", "HBM write",
+        "L2-side R+W", "HBM peak", "time (pred.)", "bound")
+    first_number = head.index("HBM read")
     rows = [head]
     for r in results:
         w = r["workload"]
-        rows.append((r["algorithm"], r["pass"], f"{w['seq_len_q']}x{w['seq_len_kv']}", str(w["batch"] * w["heads"]),
-                     str(w["head_dim"]), _mapping(r), fmt_bytes(r["hbm_read_bytes"]), fmt_bytes(r["hbm_write_bytes"]),
-                     fmt_bytes(r["global_read_bytes"] + r["global_write_bytes"]), fmt_bytes(r["hbm_peak_bytes"]),
-                     fmt_time(r["time_s"]), r["bound"]))
+        rows.append((((_hardware(r),) if with_hw else ()) + (
+            r["algorithm"], r["pass"], f"{w['seq_len_q']}x{w['seq_len_kv']}", str(w["batch"] * w["heads"]),
+            str(w["head_dim"]), w["dtype"], _masks(w), _mapping(r), fmt_bytes(r["hbm_read_bytes"]),
+            fmt_bytes(r["hbm_write_bytes"]), fmt_bytes(r["global_read_bytes"] + r["global_write_bytes"]),
+            fmt_bytes(r["hbm_peak_bytes"]), fmt_time(r["time_s"]), r["bound"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(wd) if i >= 6 else c.ljust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.rjust(wd) if i >= first_number else c.ljust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * wd for wd in widths))
     return "\n".join(lines)

@@ -7,6 +7,8 @@ Every result is labelled `"source": "predicted"`: these numbers come from the si
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 import time
 from typing import Callable
@@ -22,9 +24,9 @@ from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.standard import GEMM_TILE, standard_forward
 from hbmsim.algorithms.standard_backward import standard_training
 from hbmsim.algorithms.workload import Workload, random_data
-from hbmsim.simulator import simulate
+from hbmsim.simulator import HbmsimError, check_program, simulate
 
-from .experiment import Config, Experiment
+from .experiment import HARDWARE_SWEEP_FIELDS, Config, Experiment
 
 # Numerics hold float64 copies of every tensor (and the reference's N x N matrices): above this
 # many bytes a run is simulated count-only (same counts and times) and says so.
@@ -33,10 +35,18 @@ NUMERICS_BUDGET_BYTES = 1 << 30
 
 def mapping(cfg: Config) -> dict:
     """The run's block sizes with "auto" resolved (flash) or its GEMM tiles (standard)."""
+    if cfg.mapping is not None:
+        return cfg.mapping
+    return resolve_mapping(cfg)[0]
+
+
+def resolve_mapping(cfg: Config) -> tuple[dict, tuple]:
+    """(mapping, notes): "auto" resolved by the paper's rule; a flash block longer than its
+    sequence clamped to it (it would only reserve SRAM for rows that do not exist), and said so."""
     wl, p = cfg.workload, cfg.run.params
     if cfg.run.algorithm == "standard":
         return {"tile_m": p.get("tile_m", GEMM_TILE[0]), "tile_n": p.get("tile_n", GEMM_TILE[1]),
-                "tile_k": p.get("tile_k", GEMM_TILE[2])}
+                "tile_k": p.get("tile_k", GEMM_TILE[2])}, ()
     needs = {"flash1": (flash1_sram_bytes, flash1_bwd_sram_bytes), "flash2": (flash2_sram_bytes, flash2_bwd_sram_bytes)}
     fwd_need, bwd_need = needs[cfg.run.algorithm]
     backward = "backward" in cfg.run.passes
@@ -45,8 +55,63 @@ def mapping(cfg: Config) -> dict:
         need = max(fwd_need(wl, br, bc), bwd_need(wl, br, bc) if backward else 0)
         return need <= cfg.gpu.sram_bytes_per_sm
     br, bc = auto_blocks(cfg.gpu.sram_bytes_per_sm, wl.itemsize, wl.head_dim, wl.seq_len_q, wl.seq_len_kv, fits)
-    bq, bkv = p.get("block_q", "auto"), p.get("block_kv", "auto")
-    return {"block_q": br if bq == "auto" else bq, "block_kv": bc if bkv == "auto" else bkv}
+    out, notes = {}, []
+    for key, auto, seq_field in (("block_q", br, "seq_len_q"), ("block_kv", bc, "seq_len_kv")):
+        value, seq = p.get(key, "auto"), getattr(wl, seq_field)
+        if value == "auto":
+            value = auto
+        elif value > seq:
+            notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
+            value = seq
+        out[key] = value
+    return out, tuple(notes)
+
+
+def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
+    """Resolve every configuration's mapping and check, without simulating, everything that
+    could fail later: each kernel's block fits SRAM and the peak footprint fits HBM. An error
+    names the file, the run, the sweep point and the mapping. Returns the experiment with the
+    mappings filled in."""
+    checked: dict = {}
+    configs = []
+    for i, cfg in enumerate(exp.configs):
+        mp, notes = resolve_mapping(cfg)
+        cfg = dataclasses.replace(cfg, mapping=mp, notes=notes)
+        key = (cfg.gpu, cfg.workload, cfg.run.algorithm, cfg.run.passes, tuple(mp.items()))
+        if key not in checked:
+            try:
+                check_program(cfg.gpu, build_program(cfg))
+            except HbmsimError as err:
+                raise HbmsimError(f"{cfg.where}: {', '.join(f'{k} = {v}' for k, v in mp.items())}: {err}") from None
+            checked[key] = True
+        configs.append(cfg)
+        if progress:
+            progress(i + 1, len(exp.configs))
+    return dataclasses.replace(exp, configs=configs)
+
+
+# Wall time of the simulator per tile step (one block's load + compute of one tile pair) on the
+# 2-core machine the project is developed on, count-only: 11-17 us for flash2 forward at N = 1024
+# to 2048 (gpt2-medium, block-sweep; this machine's speed varies by up to 50%). A rough figure
+# for "this sweep will take about ...", nothing else.
+WALL_S_PER_STEP = 15e-6
+
+
+def estimated_wall_s(cfg: Config) -> float:
+    """A rough estimate of how long simulating `cfg` takes: tile steps x WALL_S_PER_STEP."""
+    wl, mp = cfg.workload, mapping(cfg)
+    g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    if cfg.run.algorithm == "standard":
+        tm, tn, tk = mp["tile_m"], mp["tile_n"], mp["tile_k"]
+        c = math.ceil
+        # two GEMMs (S = QK^T: N x N outputs, k = d; O = PV: N x d outputs, k = N) and the
+        # elementwise passes over S/P in tm x tn tiles (cheaper per tile: counted as two)
+        steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * c(nk / tk))
+    else:
+        steps = g * math.ceil(nq / mp["block_q"]) * math.ceil(nk / mp["block_kv"])
+    if "backward" in cfg.run.passes:
+        steps *= 3          # the backward does about twice the forward's tile steps
+    return steps * WALL_S_PER_STEP
 
 
 def build_program(cfg: Config, data=None):
@@ -99,17 +164,28 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
              "workload": workload_dict(wl), **mapping(cfg), **result.to_dict(select), "sim_events": result.sim_events}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
+        hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}
+        if hw_point:
+            r["hardware_sweep"] = hw_point       # the swept hardware fields of this point
+        if cfg.notes:
+            r["notes"] = list(cfg.notes)
         out.append(r)
     return out
 
 
-def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable | None = None) -> list[dict]:
-    results = []
+def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable | None = None,
+                   results: list | None = None, on_result: Callable | None = None) -> list[dict]:
+    """Run every configuration in order. Results are appended to `results` (a list the caller
+    may keep, so that what finished survives an error or Ctrl-C) and `on_result(results)` is
+    called after each configuration (e.g. to write the file so far)."""
+    results = [] if results is None else results
     n = len(exp.configs)
     for i, cfg in enumerate(exp.configs):
         t0 = time.perf_counter()
         rs = run_config(cfg, count_only)
         results.extend(rs)
+        if on_result:
+            on_result(results)
         if progress:
             progress(i + 1, n, cfg, rs[-1], time.perf_counter() - t0)
     return results

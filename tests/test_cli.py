@@ -48,14 +48,14 @@ BAD = [
     (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "field 'algorithm' = 'flash3' must be one of"),
     (GOOD.replace("block_q = 32", "block_q = 0"), "field 'block_q' = 0 must be a whole number >= 1 or \"auto\""),
     (GOOD.replace("block_q = 32", "block_q = 512").replace("head_dim = 32", "head_dim = 128").replace(
-        "block_kv = 32", "block_kv = 512"), "a block needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
+        "block_kv = 32", "block_kv = 512").replace("seq_len = 64", "seq_len = 1024"), "a block needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
     (GOOD.replace("head_dim = 32", 'head_dim = 32\ndtype = "fp8"'), "field 'dtype' = 'fp8' must be one of fp16, bf16, fp32"),
     (GOOD.replace("head_dim = 32", "head_dim = 32\ndropout = 1.5"), "field 'dropout' = 1.5 must be a number in [0, 1)"),
     (GOOD.replace("head_dim = 32", 'head_dim = 32\ncausal = "yes"'), "field 'causal' = 'yes' must be true or false"),
     (GOOD.replace('hardware = "a100-sxm4-40gb"', 'hardware = "b200"'), "hardware 'b200' is neither a preset"),
     (GOOD + "[hardware_overrides]\nwarp_size = 32\n", "unknown hardware field 'warp_size'"),
     (GOOD + "[hardware_overrides]\nhbm_bytes_per_s = -1.0\n", "field 'hbm_bytes_per_s' = -1.0 must be > 0"),
-    (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload nor a run field"),
+    (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload, a run nor a hardware field"),
     (GOOD + "[sweep]\nseq_len = 128\n", "[sweep]: 'seq_len' = 128 must be a non-empty list"),
     (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["sideways"]'), "field 'passes' has 'sideways'; supported: forward, backward"),
     (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["forward", "forward"]'), "names a pass twice"),
@@ -102,7 +102,8 @@ def test_bad_command_line_one_line_exit_2(capsys, argv, message):
 
 def test_output_path_that_is_a_folder_exit_2(tmp_path, capsys):
     code, _, err = run_cli(capsys, "run", scenario(tmp_path, GOOD), "--count-only", "--json", str(tmp_path))
-    assert code == 2 and err.strip().splitlines()[-1] == f"hbmsim: error: {tmp_path}: Is a directory"
+    assert code == 2 and err.strip().splitlines() == [
+        f"hbmsim: error: --json '{tmp_path}' is a folder: give a file name such as '{tmp_path / 'results.json'}'"]
 
 
 def test_trace_and_plot_with_json_to_stdout_keep_stdout_pure(tmp_path, capsys):
