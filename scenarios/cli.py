@@ -16,7 +16,7 @@ import numpy as np
 from hbmsim.simulator import HbmsimError, load_gpu
 
 from . import report
-from .experiment import HARDWARE_DIR, load_experiment, preset_names, resolve_experiment, resolve_hardware, sweep_size
+from .experiment import EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment, resolve_hardware, sweep_size
 from .measure import cmd_emulate, cmd_profile
 from .outputs import check_output_dir, check_output_path, check_plot_path, write_text_atomic
 from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress
@@ -160,7 +160,7 @@ def seed_example() -> str:
 
 def cmd_demo(args) -> int:
     out = check_output_dir(args.out, "--out")
-    exp = prepare(load_experiment(DEMO_EXPERIMENT))
+    exp = prepare(load_experiment(EXPERIMENTS_DIR / f"{DEMO_EXPERIMENT}.toml"))
     print(seed_example())
     print()
     print(f"Standard vs flash2 attention forward on {exp.gpu.name}, count-only (numbers predicted, not measured):")

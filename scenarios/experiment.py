@@ -91,11 +91,11 @@ def resolve_experiment(ref: str) -> Path:
     p = Path(ref)
     if p.is_file():
         return p
-    if p.is_dir():
-        raise HbmsimError(f"experiment '{ref}' is a folder: give an experiment TOML file or a shipped experiment's name")
     shipped = EXPERIMENTS_DIR / f"{ref}.toml"
     if shipped.is_file():
         return shipped
+    if p.is_dir():
+        raise HbmsimError(f"experiment '{ref}' is a folder: give an experiment TOML file or a shipped experiment's name")
     raise HbmsimError(f"experiment '{ref}' not found (a file, or one of: "
                       f"{', '.join(sorted(q.stem for q in EXPERIMENTS_DIR.glob('*.toml')))})")
 

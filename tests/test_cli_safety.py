@@ -223,3 +223,11 @@ def test_closed_pipe_is_quiet(tmp_path):
                           shell=True, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "0"})
     assert proc.stdout == '{\n "experiment": "sm'
     assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_folder_named_like_a_shipped_experiment_does_not_shadow_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small-masked").mkdir()
+    (tmp_path / "demo").mkdir()
+    code, out, _ = run_cli(capsys, "run", "small-masked", "--count-only")
+    assert code == 0 and "small-masked on a100-sxm4-40gb" in out
