@@ -77,8 +77,6 @@ def cmd_run(args) -> int:
         raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
                           "pass --yes to simulate them all, or narrow the [sweep]")
     exp = prepare(load_experiment(args.file))            # every point's SRAM fit and HBM footprint
-    for note in dict.fromkeys(f"{cfg.where}: {n}" for cfg in exp.configs for n in cfg.notes):
-        print(f"hbmsim: note: {note}", file=sys.stderr)
     n = len(exp.configs)
     estimate_s = sum(estimated_wall_s(cfg) for cfg in exp.configs)
     if estimate_s > CONFIRM_WALL_S and not args.yes:
@@ -125,6 +123,10 @@ def cmd_run(args) -> int:
         raise HbmsimError(f"{err} (stopped after {done[0]} of {n} configurations"
                           + (f"; the finished ones are in {args.json})" if args.json and not to_stdout else ")")) from None
     finish(True)
+    # Said after the run (and kept in each result's "notes"), so that a failing run still ends
+    # in one line.
+    for note in dict.fromkeys(f"{cfg.where}: {n}" for cfg in exp.configs for n in cfg.notes):
+        print(f"hbmsim: note: {note}", file=sys.stderr)
     if args.plot:
         png = report.plot_vs_seq_len(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)")
         print(f"wrote {png}", file=out)
