@@ -183,7 +183,9 @@ class BlockContext:
                           f"{'store' if w else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
                           f"{nbytes} B ({where})")
         if m.writeback_bytes:
-            m.hbm.request(m.writeback_bytes)
+            # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
+            # store they use bandwidth and the kernel ends only when they have drained.
+            m.post(self._launch, m.hbm.request(m.writeback_bytes), 0.0)
             m.writeback_bytes = 0
         l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
         return (m.hbm.request(hbm_bytes) if hbm_bytes else None), l2_done_s
