@@ -277,6 +277,17 @@ def test_formerly_hanging_flash1_configs(gpu, passes):
         assert math.isfinite(r["time_s"]) and r["time_s"] > 0
 
 
+def test_formerly_hanging_a100_causal_padding_config():
+    """The issue's second hang: A100, B=4, H=1, Nq=1000, Nkv=128, d=64, fp32, causal + key padding."""
+    wl = Workload(batch=4, heads=1, seq_len_q=1000, seq_len_kv=128, head_dim=64, dtype="fp32", causal=True,
+                  key_padding_mask=True)
+    cfg = Config(PRESETS["a100-sxm4-40gb"], wl, RunSpec("flash1", ("forward", "backward"), {}))
+    results = run_and_check(cfg)
+    assert [r["pass"] for r in results] == ["forward", "backward", "forward+backward"]
+    for r in results[:2]:
+        assert counted(r) == nonzero(closed_form(cfg, r, r["pass"]))
+
+
 # ---- found by this fuzz test ---------------------------------------------------------------------
 
 def test_reported_time_covers_l2_write_backs():
