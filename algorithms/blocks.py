@@ -9,6 +9,17 @@ is halved until the program's real SRAM need fits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class FlashBlocks:
+    """A flash program's mapping: query rows and key/value rows per block (or "auto")."""
+    block_q: int | str = AUTO
+    block_kv: int | str = AUTO
+
 
 def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q: int, seq_len_kv: int,
                 fits=None) -> tuple[int, int]:
@@ -23,3 +34,32 @@ def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q:
             br //= 2
     return br, bc
 
+
+
+def resolve_flash_blocks(sram_bytes_per_sm: int, wl, blocks: FlashBlocks, need) -> tuple[FlashBlocks, tuple]:
+    """(blocks, notes): "auto" by the paper's rule, shrunk until `need(br, bc)` (the program's
+    SRAM need over every pass it runs) fits; a given block longer than its sequence clamped to it
+    (it would only reserve SRAM for rows that do not exist), and said so."""
+    br, bc = auto_blocks(sram_bytes_per_sm, wl.itemsize, wl.head_dim, wl.seq_len_q, wl.seq_len_kv,
+                         lambda r, c: need(r, c) <= sram_bytes_per_sm)
+    out, notes = {}, []
+    for key, auto, seq_field in (("block_q", br, "seq_len_q"), ("block_kv", bc, "seq_len_kv")):
+        value, seq = getattr(blocks, key), getattr(wl, seq_field)
+        if value == AUTO:
+            value = auto
+        elif value > seq:
+            notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
+            value = seq
+        out[key] = value
+    return replace(blocks, **out), tuple(notes)
+
+
+def flash_steps(wl, blocks: FlashBlocks, training: bool) -> int:
+    """Tile steps (one K/V block against one query block): the backward does about twice the
+    forward's."""
+    steps = wl.groups * math.ceil(wl.seq_len_q / blocks.block_q) * math.ceil(wl.seq_len_kv / blocks.block_kv)
+    return steps * (3 if training else 1)
+
+
+def describe_blocks(blocks: FlashBlocks) -> str:
+    return f"{blocks.block_q}x{blocks.block_kv}"

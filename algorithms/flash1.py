@@ -15,6 +15,8 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 
 from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .blocks import FlashBlocks, describe_blocks, flash_steps, resolve_flash_blocks
+from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 SMEM_TILES = ("Q_i", "O_i", "K_j", "V_j", "l_i", "m_i")   # S_ij / P_ij in registers
@@ -96,3 +98,31 @@ def _update(wl, scale, q, k, v, o, l, m, ok, keep):
     num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
     o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
     return o_new, l_new[:, None], m_new[:, None]
+
+
+# ---- the registered program ----------------------------------------------------------------------
+
+def _need(wl: Workload, training: bool):
+    from .flash1_backward import flash1_bwd_sram_bytes
+    return lambda br, bc: max(flash1_sram_bytes(wl, br, bc), flash1_bwd_sram_bytes(wl, br, bc) if training else 0)
+
+
+def _build(wl: Workload, m: FlashBlocks, data: AttentionData | None, training: bool) -> Program:
+    if training:
+        from .flash1_backward import flash1_training
+        return flash1_training(wl, m.block_q, m.block_kv, data)
+    return flash1_forward(wl, m.block_q, m.block_kv, data)
+
+
+def _io(wl: Workload, m: FlashBlocks, pass_name: str) -> dict:
+    from . import io_formulas as F
+    return (F.flash1_forward_io if pass_name == "forward" else F.flash1_backward_io)(wl, m.block_q, m.block_kv)
+
+
+SPEC = register(AlgorithmSpec(
+    name="flash1", label="FlashAttention (Dao et al. 2022), Algorithms 1 and 4", mapping_type=FlashBlocks,
+    build=_build, io=_io, sram_bytes=lambda wl, m, training: _need(wl, training)(m.block_q, m.block_kv),
+    resolve=lambda gpu, wl, m, training: resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, m, _need(wl, training)),
+    steps=flash_steps, describe=describe_blocks, auto_fields=("block_q", "block_kv"),
+    match_fields=("block_q", "block_kv"),
+    no_kernel_reason="no kernel implements flash1 (the CUDA kernel is FlashAttention-2)"))

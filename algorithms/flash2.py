@@ -19,6 +19,8 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 
 from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .blocks import FlashBlocks, describe_blocks, flash_steps, resolve_flash_blocks
+from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, allowed, causal_kv_end
 
 SMEM_TILES = ("Q_i", "K_j", "V_j")                 # storage dtype, block_q x d and block_kv x d
@@ -96,3 +98,30 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE))
     return Program("flash2_forward", [launch], inputs=tuple(t.values()), outputs={"O": O, "lse": LSE})
+
+
+# ---- the registered program ----------------------------------------------------------------------
+
+def _need(wl: Workload, training: bool):
+    from .flash2_backward import flash2_bwd_sram_bytes
+    return lambda br, bc: max(flash2_sram_bytes(wl, br, bc), flash2_bwd_sram_bytes(wl, br, bc) if training else 0)
+
+
+def _build(wl: Workload, m: FlashBlocks, data: AttentionData | None, training: bool) -> Program:
+    if training:
+        from .flash2_backward import flash2_training
+        return flash2_training(wl, m.block_q, m.block_kv, data)
+    return flash2_forward(wl, m.block_q, m.block_kv, data)
+
+
+def _io(wl: Workload, m: FlashBlocks, pass_name: str) -> dict:
+    from . import io_formulas as F
+    return (F.flash2_forward_io if pass_name == "forward" else F.flash2_backward_io)(wl, m.block_q, m.block_kv)
+
+
+SPEC = register(AlgorithmSpec(
+    name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=FlashBlocks,
+    build=_build, io=_io, sram_bytes=lambda wl, m, training: _need(wl, training)(m.block_q, m.block_kv),
+    resolve=lambda gpu, wl, m, training: resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, m, _need(wl, training)),
+    steps=flash_steps, describe=describe_blocks, auto_fields=("block_q", "block_kv"),
+    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True))

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 
-from .common import STATS_DTYPE, MASK_DTYPE, INDEX_DTYPE
-from .standard import GEMM_TILE, gemm_tiles, panels_of
-from .workload import Workload, causal_first_q_block, causal_kv_end
 from hbmsim.simulator import DTYPE_BYTES
+
+from .common import INDEX_DTYPE, MASK_DTYPE, STATS_DTYPE
+from .workload import Workload, causal_first_q_block, causal_kv_end
 
 STATS = DTYPE_BYTES[STATS_DTYPE]
 MASK = DTYPE_BYTES[MASK_DTYPE]
@@ -95,15 +95,22 @@ def flash1_forward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
 
 def gemm_io(g: int, m: int, n: int, k: int, e: int, tile: tuple) -> tuple[int, int, int]:
     """(A bytes read, B bytes read, C bytes written) of a tiled GEMM C[m,n] = A[m,k] B[k,n]:
-    each output tile reads its whole row panel of A and column panel of B."""
-    tm, tn, _ = gemm_tiles(m, n, k, tile)
+    each output tile reads its whole row panel of A and column panel of B. A tile never exceeds
+    its matrix: tm = min(tile_m, m), tn = min(tile_n, n)."""
+    tm, tn = min(tile[0], m), min(tile[1], n)
     return g * m * k * e * math.ceil(n / tn), g * k * n * e * math.ceil(m / tm), g * m * n * e
 
 
-def standard_forward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
+def elementwise_panels(wl: Workload, gemm_tile: tuple) -> int:
+    """Row panels per batch-head of standard attention's elementwise kernels: they follow
+    gemm_qk's output tiles, min(tile_m, Nq) rows each."""
+    return math.ceil(wl.seq_len_q / min(gemm_tile[0], wl.seq_len_q))
+
+
+def standard_forward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     nn = g * nq * nk                        # elements of S (and of P)
-    panels = panels_of(wl, gemm_tile).count             # row panels of the elementwise kernels
+    panels = elementwise_panels(wl, gemm_tile)          # row panels of the elementwise kernels
     io: dict = {}
     q_r, k_r, s_w = gemm_io(g, nq, nk, d, e, gemm_tile)
     _add(io, "Q", read=q_r)
@@ -189,10 +196,10 @@ def flash1_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
     return io
 
 
-def standard_backward_io(wl: Workload, gemm_tile: tuple = GEMM_TILE) -> dict:
+def standard_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:
     g, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
     nn = g * nq * nk
-    panels = panels_of(wl, gemm_tile).count
+    panels = elementwise_panels(wl, gemm_tile)
     dropout = wl.dropout > 0
     p_used, d_pd = ("P_drop", "dP_drop") if dropout else ("P", "dP")
     io: dict = {}

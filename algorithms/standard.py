@@ -23,6 +23,7 @@ import numpy as np
 from hbmsim.simulator import Launch, Program, Tensor
 
 from .common import MASK_DTYPE, input_tensors, keep_groups, output
+from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, allowed
 
 # (tile_m, tile_n, tile_k). A k-step moves a 128-wide slice: CUTLASS's sm80 fp16 128x128x32 tile
@@ -215,3 +216,55 @@ def _fill_masks(wl, data, CM, KPM):
         CM.data[0] = allowed(Workload(1, 1, wl.seq_len_q, wl.seq_len_kv, 1, causal=True), None, 0, wl.seq_len_q, 0, wl.seq_len_kv)
     if KPM is not None:
         KPM.data[:, 0, :] = np.arange(wl.seq_len_kv)[None, :] < data.kv_lens[:, None]
+
+
+# ---- the registered program ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemmTile:
+    """Standard attention's mapping: the output tile (tile_m x tile_n) and k-step of its GEMMs."""
+    tile_m: int = GEMM_TILE[0]
+    tile_n: int = GEMM_TILE[1]
+    tile_k: int = GEMM_TILE[2]
+
+    @property
+    def tile(self) -> tuple:
+        return (self.tile_m, self.tile_n, self.tile_k)
+
+
+def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool) -> Program:
+    if training:
+        from .standard_backward import standard_training
+        return standard_training(wl, data, m.tile)
+    return standard_forward(wl, data, m.tile)
+
+
+def _io(wl: Workload, m: GemmTile, pass_name: str) -> dict:
+    from . import io_formulas as F
+    return (F.standard_forward_io if pass_name == "forward" else F.standard_backward_io)(wl, m.tile)
+
+
+def _sram_bytes(wl: Workload, m: GemmTile, training: bool) -> int:
+    """The largest GEMM block: its A and B tiles, each clamped to its matrix."""
+    nq, nk, d = wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    shapes = [(nq, nk, d), (nq, d, nk)] + ([(nk, d, nq), (nq, d, nk)] if training else [])
+    return max(gemm_sram_bytes(wl.itemsize, *gemm_tiles(a, b, c, m.tile)) for a, b, c in shapes)
+
+
+def _steps(wl: Workload, m: GemmTile, training: bool) -> int:
+    """Tile steps: the two GEMMs' k-steps (S = QK^T: Nq x Nkv outputs over d; O = PV: Nq x d
+    outputs over Nkv) and the elementwise kernels' tiles (counted as two per S tile)."""
+    c = math.ceil
+    tm, tn, tk = m.tile
+    g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * c(nk / tk))
+    return steps * (3 if training else 1)
+
+
+SPEC = register(AlgorithmSpec(
+    name="standard", label="standard attention (PyTorch eager)", mapping_type=GemmTile,
+    build=_build, io=_io, sram_bytes=_sram_bytes, steps=_steps,
+    describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}",
+    nn_arrays=(2, 4), kernel="standard_attention",
+    no_emulation_reason="the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
+                        "whose traffic a CPU emulation cannot count honestly"))

@@ -47,7 +47,7 @@ _UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "sector": 1,
 @dataclass(frozen=True)
 class RunSpec:
     """One configuration to run, in plain numbers (kernels/ does not import algorithms/)."""
-    algorithm: str              # "flash2" (flash_attention.cu) or "standard" (the baseline)
+    kernel: str                 # "flash_attention" (flash_attention.cu) or "standard_attention" (the baseline)
     batch: int
     heads: int
     seq_len_q: int
@@ -55,7 +55,7 @@ class RunSpec:
     head_dim: int
     dtype: str                  # "fp16" | "fp32"
     causal: bool = False
-    block_q: int | None = None  # flash2 only
+    block_q: int | None = None  # flash_attention only
     block_kv: int | None = None
     scale: float | None = None
 
@@ -127,21 +127,21 @@ def gpu_provenance(command: list[str], warmup: int, repeats: int, ncu: str | Non
 
 
 def forward(spec: RunSpec, q, k, v, mask=None):
-    """One forward pass of spec on CuPy inputs; returns O (and lse for flash2)."""
+    """One forward pass of spec on CuPy inputs; returns O (and lse for flash_attention)."""
     from . import gpu
-    if spec.algorithm == "flash2":
+    if spec.kernel == "flash_attention":
         return gpu.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
                                    scale=spec.scale)
-    if spec.algorithm == "standard":
+    if spec.kernel == "standard_attention":
         return gpu.standard_attention(q, k, v, causal=spec.causal, scale=spec.scale, mask=mask), None
-    raise HbmsimError(f"profile: algorithm {spec.algorithm!r} has no GPU kernel (flash2, standard)")
+    raise HbmsimError(f"profile: no GPU kernel {spec.kernel!r} (flash_attention, standard_attention)")
 
 
 def time_forward(spec: RunSpec, q, k, v, warmup: int = 3, repeats: int = 20) -> float:
     """Median seconds of one forward pass, timed with CUDA events on the current stream."""
     from .gpu import causal_mask, cupy_module
     cp = cupy_module()
-    mask = causal_mask(spec.seq_len_q, spec.seq_len_kv) if spec.causal and spec.algorithm == "standard" else None
+    mask = causal_mask(spec.seq_len_q, spec.seq_len_kv) if spec.causal and spec.kernel == "standard_attention" else None
     for _ in range(warmup):
         forward(spec, q, k, v, mask)
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -220,7 +220,7 @@ def measure_on_gpu(spec: RunSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, *
     qd, kd, vd = (cp.asarray(x) for x in (q, k, v))
     o, _ = forward(spec, qd, kd, vd)
     out = {"o": cp.asnumpy(o), "time_s": time_forward(spec, qd, kd, vd, warmup, repeats)}
-    if spec.algorithm == "flash2":
+    if spec.kernel == "flash_attention":
         out["smem_bytes_per_block"] = spec.kernel_config().smem_bytes
     if ncu:
         out.update(ncu_fields(ncu_measure(spec, q, k, v, ncu)))
@@ -236,7 +236,7 @@ def _worker(run_json: str) -> int:
     data = np.load(run["inputs"])
     q, k, v = (cp.asarray(data[n]) for n in ("q", "k", "v"))        # host-to-device copies, no kernels
     mask = None
-    if spec.causal and spec.algorithm == "standard":                 # built on the host: no kernels
+    if spec.causal and spec.kernel == "standard_attention":          # built on the host: no kernels
         i, j = np.arange(spec.seq_len_q)[:, None], np.arange(spec.seq_len_kv)[None, :]
         mask = cp.asarray(j <= i + (spec.seq_len_kv - spec.seq_len_q))
     forward(spec, q, k, v, mask)

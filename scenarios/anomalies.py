@@ -13,19 +13,22 @@ import dataclasses
 import random
 import sys
 
-from hbmsim.algorithms.flash1 import flash1_forward
-from hbmsim.algorithms.flash2 import flash2_forward
-from hbmsim.algorithms.flash2_backward import flash2_training
-from hbmsim.algorithms.standard import standard_forward
+from hbmsim.algorithms import registry
 from hbmsim.algorithms.workload import Workload
 from hbmsim.simulator import GPU, simulate
 
-PROGRAMS = {
-    "standard": lambda wl, bq, bkv: standard_forward(wl),
-    "flash1": lambda wl, bq, bkv: flash1_forward(wl, bq, bkv),
-    "flash2": lambda wl, bq, bkv: flash2_forward(wl, bq, bkv),
-    "flash2 training": lambda wl, bq, bkv: flash2_training(wl, bq, bkv),
-}
+
+def programs(bq: int, bkv: int) -> dict:
+    """Every registered program's forward (its default mapping, with the trial's flash blocks
+    where it has block fields), and the training step of those that have a backward."""
+    out = {}
+    for spec in registry.algorithms():
+        fields = {"block_q": bq, "block_kv": bkv}
+        mapping = spec.mapping_type(**{k: v for k, v in fields.items() if k in spec.mapping_fields})
+        out[spec.name] = (spec, mapping, False)
+        if "backward" in spec.passes and spec.auto_fields:
+            out[f"{spec.name} training"] = (spec, mapping, True)
+    return out
 
 
 def with_sms(gpu: GPU, sm_count: int) -> GPU:
@@ -46,10 +49,11 @@ def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -
         gpu = with_sms(gpu, rng.randint(4, 40))
         bq, bkv = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
         more_sms = gpu.sm_count + rng.randint(1, 20)
-        for name, build in PROGRAMS.items():
-            t0 = simulate(gpu, build(wl, bq, bkv)).time_s
-            t_bw = simulate(dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s), build(wl, bq, bkv)).time_s
-            t_sm = simulate(with_sms(gpu, more_sms), build(wl, bq, bkv)).time_s
+        for name, (spec, mapping, training) in programs(bq, bkv).items():
+            build = lambda: spec.build(wl, mapping, None, training)      # a fresh program per run
+            t0 = simulate(gpu, build()).time_s
+            t_bw = simulate(dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s), build()).time_s
+            t_sm = simulate(with_sms(gpu, more_sms), build()).time_s
             for what, t in (("1.5x bandwidth", t_bw), (f"{gpu.sm_count} -> {more_sms} SMs", t_sm)):
                 cases += 1
                 if t > t0 * (1 + 1e-9):

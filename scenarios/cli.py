@@ -82,7 +82,7 @@ def cmd_run(args) -> int:
     if estimate_s > CONFIRM_WALL_S and not args.yes:
         raise HbmsimError(f"{exp.path}: {n:,} configuration(s), estimated {_fmt_duration(estimate_s)} of simulation "
                           f"on this machine (more than {_fmt_duration(CONFIRM_WALL_S)}): pass --yes to start")
-    if n > 1 or estimate_s > 10:
+    if estimate_s > 2:                                 # long work says so before it starts
         print(f"{exp.name}: {n} configuration(s), roughly {_fmt_duration(estimate_s)} of simulation (estimated)",
               file=sys.stderr)
     out = sys.stderr if to_stdout else sys.stdout     # with --json -, stdout carries only the JSON
@@ -139,10 +139,8 @@ class Interrupted(Exception):
 
 def seed_example() -> str:
     """The 4x4 worked example: every program must give the same O as the float64 reference."""
-    from hbmsim.algorithms.flash1 import flash1_forward
-    from hbmsim.algorithms.flash2 import flash2_forward
+    from hbmsim.algorithms import registry
     from hbmsim.algorithms.reference import attention_forward
-    from hbmsim.algorithms.standard import standard_forward
     from hbmsim.algorithms.workload import AttentionData, Workload
     from hbmsim.simulator import simulate
 
@@ -154,7 +152,9 @@ def seed_example() -> str:
     o_ref, _ = attention_forward(wl, data())
     gpu = load_gpu(HARDWARE_DIR / "a100-sxm4-40gb.toml")
     lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator", np.array2string(o_ref[0, 0], precision=2)]
-    for prog in (standard_forward(wl, data(), (2, 2, 2)), flash1_forward(wl, 2, 2, data()), flash2_forward(wl, 2, 2, data())):
+    for spec in registry.algorithms():
+        mapping = spec.mapping_type(**{f: 2 for f in spec.mapping_fields})     # every block / tile 2 wide
+        prog = spec.build(wl, mapping, data(), False)
         o = simulate(gpu, prog).outputs["O"][0]
         lines.append(f"  {prog.name:17s} max |O - reference| = {np.max(np.abs(o - o_ref[0, 0])):.1e}")
     return "\n".join(lines)
@@ -165,7 +165,7 @@ def cmd_demo(args) -> int:
     exp = prepare(load_experiment(EXPERIMENTS_DIR / f"{DEMO_EXPERIMENT}.toml"))
     print(seed_example())
     print()
-    print(f"Standard vs flash2 attention forward on {exp.gpu.name}, count-only (numbers predicted, not measured):")
+    print(f"Standard vs flash attention forward on {exp.gpu.name}, count-only (numbers predicted, not measured):")
     results = run_experiment(exp, count_only=True, progress=stderr_progress)
     print(report.table(results))
     print(report.ratios(results))

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from hbmsim.algorithms import registry
 from hbmsim.simulator import HbmsimError
 
 from .outputs import check_plot_path
@@ -51,8 +52,8 @@ class Row:
 
 def load(path: str | Path) -> ResultsFile:
     """A results file, every run checked (_check_run); two runs of one configuration (run_key) are
-    refused, since either could be matched. (So a predicted file that sweeps only standard's GEMM
-    tiles cannot be compared: tiles are not part of the configuration a measurement names.)"""
+    refused, since either could be matched. (So a predicted file that sweeps only mapping fields a
+    measurement does not name, e.g. GEMM tiles, cannot be compared.)"""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -143,6 +144,15 @@ def _check_run(p: Path, i: int, r: dict, source: str = "predicted") -> None:
                               f"{'whole' if whole else 'finite'} number {op} {bound}")
 
 
+def _match_fields(r: dict) -> tuple:
+    """The mapping fields that identify a run of this program (its registry spec says which);
+    for an algorithm hbmsim does not know, the flash block sizes when present."""
+    names = [a.name for a in registry.algorithms()]
+    if r.get("algorithm") in names:
+        return registry.get(r["algorithm"]).match_fields
+    return tuple(f for f in ("block_q", "block_kv") if f in r)
+
+
 def run_key(r: dict) -> tuple:
     """What identifies a configuration: algorithm, pass, workload and (flash) block sizes."""
     w = dict(r.get("workload") or {})
@@ -150,7 +160,7 @@ def run_key(r: dict) -> tuple:
         w.setdefault("seq_len_q", w["seq_len"])
         w.setdefault("seq_len_kv", w["seq_len"])
     workload = tuple((k, w.get(k)) for k in WORKLOAD_KEYS)
-    blocks = (r.get("block_q"), r.get("block_kv")) if r.get("algorithm") != "standard" else ()
+    blocks = tuple(r.get(f) for f in _match_fields(r))
     return (r.get("algorithm"), r.get("pass", "forward"), workload, blocks)
 
 
@@ -159,8 +169,8 @@ def describe(r: dict) -> str:
     nq, nk = w.get("seq_len_q", w.get("seq_len")), w.get("seq_len_kv", w.get("seq_len"))
     text = (f"{r.get('algorithm')} {w.get('dtype')} B={w.get('batch')} H={w.get('heads')} N={nq}x{nk} "
             f"d={w.get('head_dim')}")
-    if r.get("algorithm") != "standard":
-        text += f" {r.get('block_q')}x{r.get('block_kv')}"
+    if _match_fields(r):
+        text += " " + "x".join(str(r.get(f)) for f in _match_fields(r))
     return text + (" causal" if w.get("causal") else "")
 
 

@@ -13,19 +13,21 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hbmsim.algorithms import registry
 from hbmsim.algorithms.workload import Workload
 from hbmsim.simulator import GPU, HbmsimError, load_gpu
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 
-ALGORITHMS = ("standard", "flash1", "flash2")
 PASSES = ("forward", "backward")
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
                    "causal", "key_padding_mask", "dropout", "scale")
-FLASH_FIELDS = ("block_q", "block_kv")
-STANDARD_FIELDS = ("tile_m", "tile_n", "tile_k")
-RUN_FIELDS = ("algorithm", "passes") + FLASH_FIELDS + STANDARD_FIELDS
+
+
+def run_fields() -> tuple:
+    """What a [[runs]] table may set: the algorithm, its passes, and any program's mapping fields."""
+    return ("algorithm", "passes") + registry.mapping_fields()
 TOP_FIELDS = ("name", "description", "hardware", "hardware_overrides", "workload", "runs", "sweep")
 
 
@@ -33,7 +35,15 @@ TOP_FIELDS = ("name", "description", "hardware", "hardware_overrides", "workload
 class RunSpec:
     algorithm: str
     passes: tuple = ("forward",)
-    params: dict = field(default_factory=dict, hash=False)   # block_q/block_kv or tile_m/tile_n/tile_k
+    params: dict = field(default_factory=dict, hash=False)   # the mapping fields the run table gave
+
+    @property
+    def spec(self) -> registry.AlgorithmSpec:
+        return registry.get(self.algorithm)
+
+    @property
+    def training(self) -> bool:
+        return "backward" in self.passes
 
 
 # Hardware fields a [sweep] may vary ("what if the SRAM were larger"), and `hardware` itself.
@@ -155,38 +165,25 @@ def make_workload(where: str, w: dict) -> Workload:
 
 
 def make_run(where: str, r: dict) -> RunSpec:
-    _unknown(where, r, RUN_FIELDS)
+    _unknown(where, r, run_fields())
     alg = r.get("algorithm")
+    names = ", ".join(a.name for a in registry.algorithms())
     if alg is None:
-        raise HbmsimError(f"{where}: missing field 'algorithm' (one of {', '.join(ALGORITHMS)})")
-    if alg not in ALGORITHMS:
-        raise HbmsimError(f"{where}: field 'algorithm' = {alg!r} must be one of {', '.join(ALGORITHMS)}")
+        raise HbmsimError(f"{where}: missing field 'algorithm' (one of {names})")
+    spec = registry.get(alg, where)
     passes = r.get("passes", ["forward"])
     if not isinstance(passes, list) or not passes:
         raise HbmsimError(f"{where}: field 'passes' = {passes!r} must be a non-empty list")
     for p in passes:
-        if p not in PASSES:
-            raise HbmsimError(f"{where}: field 'passes' has {p!r}; supported: {', '.join(PASSES)}")
+        if p not in spec.passes:
+            raise HbmsimError(f"{where}: field 'passes' has {p!r}; supported: {', '.join(spec.passes)}")
     if len(set(passes)) != len(passes):
         raise HbmsimError(f"{where}: field 'passes' = {passes!r} names a pass twice")
-    own, other = (FLASH_FIELDS, STANDARD_FIELDS) if alg != "standard" else (STANDARD_FIELDS, FLASH_FIELDS)
-    params = {}
-    for key in own:
-        if key in r:
-            v = r[key]
-            if key in FLASH_FIELDS and v == "auto":
-                params[key] = v
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                limit = 'a whole number >= 1 or "auto"' if key in FLASH_FIELDS else "a whole number >= 1"
-                raise HbmsimError(f"{where}: field '{key}' = {v!r} must be {limit}")
-            params[key] = v
-        elif key in FLASH_FIELDS:
-            params[key] = "auto"
-    for key in other:
-        if key in r:
+    for key in r:
+        if key not in ("algorithm", "passes") and key not in spec.mapping_fields:
             raise HbmsimError(f"{where}: field '{key}' does not apply to algorithm '{alg}'")
-    return RunSpec(alg, tuple(passes), params)
+    spec.mapping_from(r, where)         # checks each mapping field's value
+    return RunSpec(alg, tuple(passes), {k: v for k, v in r.items() if k in spec.mapping_fields})
 
 
 def load_experiment(ref: str | Path) -> Experiment:
@@ -204,7 +201,7 @@ def load_experiment(ref: str | Path) -> Experiment:
     run_tables = [dict(r) for r in runs]
     sweep = _table(where, data, "sweep", required=False)
     for key, values in sweep.items():
-        if key not in WORKLOAD_FIELDS and key not in RUN_FIELDS and key not in HARDWARE_SWEEP_FIELDS:
+        if key not in WORKLOAD_FIELDS and key not in run_fields() and key not in HARDWARE_SWEEP_FIELDS:
             raise HbmsimError(f"{where} [sweep]: '{key}' names neither a workload, a run nor a hardware field")
         if not isinstance(values, list) or not values:
             raise HbmsimError(f"{where} [sweep]: '{key}' = {values!r} must be a non-empty list")
@@ -243,8 +240,10 @@ def load_experiment(ref: str | Path) -> Experiment:
         for i, rt in enumerate(run_tables):
             r = dict(rt)
             r.update({k: v for k, v in point.items() if k in ("algorithm", "passes")})   # first: they decide
-            for k, v in point.items():          # which mapping fields apply to this run
-                if k in FLASH_FIELDS + STANDARD_FIELDS and (k in FLASH_FIELDS) == (r.get("algorithm") != "standard"):
+            alg = r.get("algorithm")
+            own = registry.get(alg).mapping_fields if alg in [a.name for a in registry.algorithms()] else ()
+            for k, v in point.items():          # the mapping fields that apply to this run's program
+                if k in own:
                     r[k] = v
             at = f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else "")
             configs.append(Config(gpu, wl, make_run(at, r), where=at, point=point))

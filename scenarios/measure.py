@@ -7,6 +7,7 @@ labelled "emulated"; profile runs it on a GPU through CuPy (and ncu when present
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,43 +17,45 @@ import numpy as np
 from hbmsim.simulator import HbmsimError
 
 from .experiment import load_experiment
+from .runner import prepare
 from .outputs import check_output_path, write_text_atomic
 
 
-def _kernel_plan(exp, algorithms: tuple) -> tuple[list, list]:
-    """(cfg, RunSpec) for each configuration a kernel can run, and the skipped ones with why."""
+def _kernel_plan(exp, emulated: bool) -> tuple[list, list]:
+    """(cfg, RunSpec) for each configuration a real kernel can run (with `emulated`, only those
+    whose kernel the CPU emulation counts), and the skipped ones with why."""
     from hbmsim.kernels.config import KernelConfig
     from hbmsim.kernels.profile import RunSpec
     from .runner import mapping, workload_dict
 
     plan, skipped = [], []
     for cfg in exp.configs:
-        wl, alg = cfg.workload, cfg.run.algorithm
+        wl, spec = cfg.workload, cfg.run.spec
         why = None
-        if alg not in algorithms:
-            why = {"flash1": "no kernel implements flash1 (the CUDA kernel is FlashAttention-2)",
-                   "standard": "the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
-                               "whose traffic a CPU emulation cannot count honestly"}.get(alg, f"no kernel for {alg}")
+        if spec.kernel is None:
+            why = spec.no_kernel_reason
+        elif emulated and not spec.emulated:
+            why = spec.no_emulation_reason
         elif "forward" not in cfg.run.passes:
             why = "the kernels run the forward pass only"
         elif wl.key_padding_mask or wl.dropout > 0:
             why = "the kernels implement the causal mask only (no key padding, no dropout)"
-        spec = None
+        run = None
         if why is None:
-            mp = mapping(cfg) if alg == "flash2" else {}
-            spec = RunSpec(alg, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype, wl.causal,
-                           mp.get("block_q"), mp.get("block_kv"), wl.scale)
+            mp = mapping(cfg)
+            run = RunSpec(spec.kernel, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype,
+                          wl.causal, getattr(mp, "block_q", None), getattr(mp, "block_kv", None), wl.scale)
             try:
-                if alg == "flash2":
-                    KernelConfig(wl.dtype, spec.block_q, spec.block_kv, wl.head_dim)
+                if run.block_q is not None:
+                    KernelConfig(wl.dtype, run.block_q, run.block_kv, wl.head_dim)
                 elif wl.dtype not in ("fp16", "fp32"):
                     raise HbmsimError(f"kernel: field 'dtype' = {wl.dtype!r} must be one of fp16, fp32")
             except HbmsimError as err:
                 why = str(err)
         if why is None:
-            plan.append((cfg, spec))
+            plan.append((cfg, run))
         else:
-            skipped.append({"algorithm": alg, "workload": workload_dict(wl), "reason": why})
+            skipped.append({"algorithm": cfg.run.algorithm, "workload": workload_dict(wl), "reason": why})
     return plan, skipped
 
 
@@ -77,11 +80,12 @@ def _max_error(wl, exact, o) -> float | None:
     return float(np.max(np.abs(o.astype(float) - o_ref)))
 
 
-def _run_record(cfg, spec, source: str) -> dict:
+def _run_record(cfg, run, source: str) -> dict:
+    """The configuration part of a measured run, named as `hbmsim run` names it (for compare)."""
     from .runner import workload_dict
-    rec = {"algorithm": spec.algorithm, "pass": "forward", "source": source, "workload": workload_dict(cfg.workload)}
-    if spec.algorithm == "flash2":
-        rec.update(block_q=spec.block_q, block_kv=spec.block_kv)
+    rec = {"algorithm": cfg.run.algorithm, "pass": "forward", "source": source, "workload": workload_dict(cfg.workload)}
+    mp = dataclasses.asdict(cfg.mapping) if cfg.mapping is not None else {}
+    rec.update({k: mp[k] for k in cfg.run.spec.match_fields if k in mp})
     return rec
 
 
@@ -101,11 +105,11 @@ def cmd_emulate(args) -> int:
     from hbmsim.kernels.profile import emulation_provenance, traffic_fields
 
     check_output_path(args.out, "--out")
-    exp = load_experiment(args.experiment)
-    plan, skipped = _kernel_plan(exp, ("flash2",))
+    exp = prepare(load_experiment(args.experiment))
+    plan, skipped = _kernel_plan(exp, emulated=True)
     _print_skipped(skipped)
     if not plan:
-        raise HbmsimError(f"emulate: {exp.path}: no configuration the emulated kernel can run (flash2, fp16/fp32, "
+        raise HbmsimError(f"emulate: {exp.path}: no configuration the emulated kernel can run (fp16/fp32, "
                           "head_dim 32/64/128, causal or no mask)")
     emulator = Emulator({spec.kernel_config() for _, spec in plan})
     runs = []
@@ -118,7 +122,7 @@ def cmd_emulate(args) -> int:
                    max_abs_error=_max_error(cfg.workload, exact, r.o))
         runs.append(rec)
         err = "n/a" if rec["max_abs_error"] is None else f"{rec['max_abs_error']:.1e}"
-        print(f"[{i + 1}/{len(plan)}] flash2 {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} d={spec.head_dim} "
+        print(f"[{i + 1}/{len(plan)}] {cfg.run.algorithm} {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} d={spec.head_dim} "
               f"{spec.block_q}x{spec.block_kv}{' causal' if spec.causal else ''}: read {rec['global_read_bytes']:,} B, "
               f"write {rec['global_write_bytes']:,} B, max|O-ref| {err}", file=sys.stderr)
     command = ["hbmsim", "emulate", args.experiment, "--out", args.out, "--seed", str(args.seed)]
@@ -134,11 +138,11 @@ def cmd_profile(args) -> int:
     from hbmsim.kernels.profile import gpu_provenance, measure_on_gpu
 
     check_output_path(args.out, "--out")
-    exp = load_experiment(args.experiment)               # a missing experiment is said first
+    exp = prepare(load_experiment(args.experiment))      # a missing experiment is said first
     ok, why = gpu_available()
     if not ok:
         raise HbmsimError(f"profile: no GPU to measure on ({why}); nothing was measured or written")
-    plan, skipped = _kernel_plan(exp, ("flash2", "standard"))
+    plan, skipped = _kernel_plan(exp, emulated=False)
     _print_skipped(skipped)
     if not plan:
         raise HbmsimError(f"profile: {exp.path}: no configuration a kernel can run")
@@ -154,7 +158,7 @@ def cmd_profile(args) -> int:
         try:
             m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
         except HbmsimError as err:        # e.g. more shared memory than this GPU has: keep the others
-            skipped.append({"algorithm": spec.algorithm, "workload": _run_record(cfg, spec, "")["workload"],
+            skipped.append({"algorithm": cfg.run.algorithm, "workload": _run_record(cfg, spec, "")["workload"],
                             "reason": str(err)})
             print(f"[{i + 1}/{len(plan)}] skipped: {err}", file=sys.stderr)
             continue
@@ -162,7 +166,7 @@ def cmd_profile(args) -> int:
         rec["max_abs_error"] = _max_error(cfg.workload, exact, m.pop("o"))
         rec.update(m)
         runs.append(rec)
-        print(f"[{i + 1}/{len(plan)}] {spec.algorithm} N={spec.seq_len_q}x{spec.seq_len_kv}: median "
+        print(f"[{i + 1}/{len(plan)}] {cfg.run.algorithm} N={spec.seq_len_q}x{spec.seq_len_kv}: median "
               f"{rec['time_s'] * 1e6:.1f} us", file=sys.stderr)
     doc = {"source": "measured", "experiment": exp.name, "provenance": provenance, "runs": runs, "skipped": skipped}
     _write_measurements(args.out, doc)

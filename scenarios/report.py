@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from hbmsim.algorithms import registry
+
 
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -18,10 +20,20 @@ def fmt_time(s: float) -> str:
     return f"{s * 1e6:.3g} us"
 
 
+def _spec(r: dict):
+    names = [a.name for a in registry.algorithms()]
+    return registry.get(r["algorithm"]) if r.get("algorithm") in names else None
+
+
 def _mapping(r: dict) -> str:
-    if r["algorithm"] == "standard":
-        return f"gemm {r['tile_m']}x{r['tile_n']}x{r['tile_k']}"
-    return f"{r['block_q']}x{r['block_kv']}"
+    """The run's mapping as its program writes it (e.g. 128x64, gemm 128x128x128)."""
+    spec = _spec(r)
+    if spec is None:
+        return "?"
+    try:
+        return spec.describe(spec.mapping_type(**{f: r[f] for f in spec.mapping_fields if f in r}))
+    except (TypeError, KeyError):
+        return "?"
 
 
 def _key(r: dict) -> tuple:
@@ -66,22 +78,24 @@ def table(results: list[dict]) -> str:
 
 
 def ratios(results: list[dict]) -> str:
-    """standard / flash ratios of HBM bytes and predicted time, per workload."""
+    """baseline / other ratios of HBM bytes and predicted time, per workload: the baseline is
+    the program that keeps the N x N matrices in HBM (the first registered one with nn_arrays)."""
     groups = defaultdict(dict)
     for r in results:
         groups[_key(r)].setdefault(r["algorithm"], r)
     lines = []
     for key, by_alg in groups.items():
-        std = by_alg.get("standard")
-        if std is None:
+        base = next((a for a in registry.algorithms() if a.nn_arrays[0] and a.name in by_alg), None)
+        if base is None:
             continue
+        std = by_alg[base.name]
         w = std["workload"]
-        for alg in ("flash1", "flash2"):
-            f = by_alg.get(alg)
-            if f is None:
+        for other in registry.algorithms():
+            f = by_alg.get(other.name)
+            if f is None or other is base:
                 continue
             hb = lambda x: x["hbm_read_bytes"] + x["hbm_write_bytes"]
-            lines.append(f"N={w['seq_len_q']}x{w['seq_len_kv']} {std['pass']}: standard/{alg}: HBM bytes "
+            lines.append(f"N={w['seq_len_q']}x{w['seq_len_kv']} {std['pass']}: {base.name}/{other.name}: HBM bytes "
                          f"{hb(std) / hb(f):.1f}x, predicted time {std['time_s'] / f['time_s']:.2f}x")
     return "\n".join(lines)
 
@@ -100,7 +114,10 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
     for r in results:
         series[r["algorithm"] if r["pass"] == "forward" else f"{r['algorithm']} {r['pass']}"].append(r)
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    styles = {"standard": ("tab:red", "o"), "flash1": ("tab:orange", "s"), "flash2": ("tab:blue", "^")}
+    colours = ("tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    styles = {a.name: (colours[i % len(colours)], markers[i % len(markers)])
+              for i, a in enumerate(registry.algorithms())}
     for alg, rs in sorted(series.items()):
         rs.sort(key=lambda r: r["workload"]["seq_len_q"])
         n = [r["workload"]["seq_len_q"] for r in rs]
@@ -113,7 +130,8 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
         axes[2].loglog(n, [r["time_s"] * 1e3 for r in rs], marker=marker, color=color, label=alg)
     all_n = sorted({r["workload"]["seq_len_q"] for r in results})
     if len(all_n) >= 2:   # growth-law guides through the first standard point
-        ref = next((r for r in results if r["algorithm"] == "standard" and r["workload"]["seq_len_q"] == all_n[0]), None)
+        ref = next((r for r in results if r["workload"]["seq_len_q"] == all_n[0] and _spec(r) is not None
+                    and _spec(r).nn_arrays[0]), None)
         if ref is not None:
             y0 = ref["hbm_read_bytes"] + ref["hbm_write_bytes"]
             axes[0].loglog(all_n, [y0 * (x / all_n[0]) ** 2 for x in all_n], color="gray", ls=":", label="~ N^2 guide")

@@ -15,14 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from hbmsim.algorithms.blocks import auto_blocks
-from hbmsim.algorithms.flash1 import flash1_forward, flash1_sram_bytes
-from hbmsim.algorithms.flash1_backward import flash1_bwd_sram_bytes, flash1_training
-from hbmsim.algorithms.flash2 import flash2_forward, flash2_sram_bytes
-from hbmsim.algorithms.flash2_backward import flash2_bwd_sram_bytes, flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
-from hbmsim.algorithms.standard import GEMM_TILE, standard_forward
-from hbmsim.algorithms.standard_backward import standard_training
 from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import HbmsimError, check_program, simulate
 
@@ -33,38 +26,21 @@ from .experiment import HARDWARE_SWEEP_FIELDS, Config, Experiment
 NUMERICS_BUDGET_BYTES = 1 << 30
 
 
-def mapping(cfg: Config) -> dict:
-    """The run's block sizes with "auto" resolved (flash) or its GEMM tiles (standard)."""
+def mapping(cfg: Config):
+    """The run's mapping (its program's mapping dataclass), every field resolved."""
     if cfg.mapping is not None:
         return cfg.mapping
     return resolve_mapping(cfg)[0]
 
 
-def resolve_mapping(cfg: Config) -> tuple[dict, tuple]:
-    """(mapping, notes): "auto" resolved by the paper's rule; a flash block longer than its
-    sequence clamped to it (it would only reserve SRAM for rows that do not exist), and said so."""
-    wl, p = cfg.workload, cfg.run.params
-    if cfg.run.algorithm == "standard":
-        return {"tile_m": p.get("tile_m", GEMM_TILE[0]), "tile_n": p.get("tile_n", GEMM_TILE[1]),
-                "tile_k": p.get("tile_k", GEMM_TILE[2])}, ()
-    needs = {"flash1": (flash1_sram_bytes, flash1_bwd_sram_bytes), "flash2": (flash2_sram_bytes, flash2_bwd_sram_bytes)}
-    fwd_need, bwd_need = needs[cfg.run.algorithm]
-    backward = "backward" in cfg.run.passes
+def resolve_mapping(cfg: Config) -> tuple:
+    """(mapping, notes): the program's own rule ("auto", clamping, SRAM fit of every pass)."""
+    spec = cfg.run.spec
+    return spec.resolved(cfg.gpu, cfg.workload, spec.mapping_from(cfg.run.params, cfg.where), cfg.run.training)
 
-    def fits(br, bc):
-        need = max(fwd_need(wl, br, bc), bwd_need(wl, br, bc) if backward else 0)
-        return need <= cfg.gpu.sram_bytes_per_sm
-    br, bc = auto_blocks(cfg.gpu.sram_bytes_per_sm, wl.itemsize, wl.head_dim, wl.seq_len_q, wl.seq_len_kv, fits)
-    out, notes = {}, []
-    for key, auto, seq_field in (("block_q", br, "seq_len_q"), ("block_kv", bc, "seq_len_kv")):
-        value, seq = p.get(key, "auto"), getattr(wl, seq_field)
-        if value == "auto":
-            value = auto
-        elif value > seq:
-            notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
-            value = seq
-        out[key] = value
-    return out, tuple(notes)
+
+def mapping_text(mp) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in dataclasses.asdict(mp).items())
 
 
 def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
@@ -75,14 +51,21 @@ def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
     checked: dict = {}
     configs = []
     for i, cfg in enumerate(exp.configs):
+        wl = cfg.workload
+        # Q, K, V and O alone (every program keeps them in HBM): checked before building a
+        # program whose tile lists could be as long as the sequence.
+        qkvo_bytes = wl.groups * (2 * wl.seq_len_q + 2 * wl.seq_len_kv) * wl.head_dim * wl.itemsize
+        if qkvo_bytes > cfg.gpu.hbm_capacity_bytes:
+            raise HbmsimError(f"{cfg.where}: Q, K, V and O alone need {qkvo_bytes} bytes of HBM, more than "
+                              f"hbm_capacity_bytes = {cfg.gpu.hbm_capacity_bytes} on {cfg.gpu.name}")
         mp, notes = resolve_mapping(cfg)
         cfg = dataclasses.replace(cfg, mapping=mp, notes=notes)
-        key = (cfg.gpu, cfg.workload, cfg.run.algorithm, cfg.run.passes, tuple(mp.items()))
+        key = (cfg.gpu, cfg.workload, cfg.run.algorithm, cfg.run.passes, mp)
         if key not in checked:
             try:
                 check_program(cfg.gpu, build_program(cfg))
             except HbmsimError as err:
-                raise HbmsimError(f"{cfg.where}: {', '.join(f'{k} = {v}' for k, v in mp.items())}: {err}") from None
+                raise HbmsimError(f"{cfg.where}: {mapping_text(mp)}: {err}") from None
             checked[key] = True
         configs.append(cfg)
         if progress:
@@ -98,39 +81,25 @@ WALL_S_PER_STEP = 15e-6
 
 
 def estimated_wall_s(cfg: Config) -> float:
-    """A rough estimate of how long simulating `cfg` takes: tile steps x WALL_S_PER_STEP."""
-    wl, mp = cfg.workload, mapping(cfg)
-    g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    if cfg.run.algorithm == "standard":
-        tm, tn, tk = mp["tile_m"], mp["tile_n"], mp["tile_k"]
-        c = math.ceil
-        # two GEMMs (S = QK^T: N x N outputs, k = d; O = PV: N x d outputs, k = N) and the
-        # elementwise passes over S/P in tm x tn tiles (cheaper per tile: counted as two)
-        steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * c(nk / tk))
-    else:
-        steps = g * math.ceil(nq / mp["block_q"]) * math.ceil(nk / mp["block_kv"])
-    if "backward" in cfg.run.passes:
-        steps *= 3          # the backward does about twice the forward's tile steps
-    return steps * WALL_S_PER_STEP
+    """A rough estimate of how long simulating `cfg` takes: the program's tile steps x WALL_S_PER_STEP."""
+    spec = cfg.run.spec
+    if spec.steps is None:
+        return 0.0
+    return spec.steps(cfg.workload, mapping(cfg), cfg.run.training) * WALL_S_PER_STEP
 
 
 def build_program(cfg: Config, data=None):
-    wl, mp = cfg.workload, mapping(cfg)
-    training = "backward" in cfg.run.passes
-    if cfg.run.algorithm == "standard":
-        tile = (mp["tile_m"], mp["tile_n"], mp["tile_k"])
-        return standard_training(wl, data, tile) if training else standard_forward(wl, data, tile)
-    build = {("flash1", False): flash1_forward, ("flash1", True): flash1_training,
-             ("flash2", False): flash2_forward, ("flash2", True): flash2_training}[cfg.run.algorithm, training]
-    return build(wl, mp["block_q"], mp["block_kv"], data)
+    return cfg.run.spec.build(cfg.workload, mapping(cfg), data, cfg.run.training)
 
 
-def numerics_bytes(wl: Workload, algorithm: str, training: bool) -> int:
+def numerics_bytes(wl: Workload, spec, training: bool) -> int:
+    """float64 bytes a run with data holds: the inputs (and gradients), and the N x N arrays of
+    the reference (4, +2 with dropout; +6 for its backward) and of the program itself."""
     g = wl.groups
     inputs = g * (wl.seq_len_q + 2 * wl.seq_len_kv) * wl.head_dim * (4 if training else 2)
     nn = g * wl.seq_len_q * wl.seq_len_kv
-    nn_copies = 4 + (2 if algorithm == "standard" else 0) + (2 if wl.dropout > 0 else 0)
-    nn_copies += (6 + (4 if algorithm == "standard" else 0)) if training else 0
+    nn_copies = 4 + spec.nn_arrays[0] + (2 if wl.dropout > 0 else 0)
+    nn_copies += (6 + spec.nn_arrays[1]) if training else 0
     return 8 * (inputs + nn * nn_copies)
 
 
@@ -145,7 +114,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     """Simulate one configuration; one result per requested pass (+ the total of a training step)."""
     wl = cfg.workload
     training = "backward" in cfg.run.passes
-    numeric = not count_only and numerics_bytes(wl, cfg.run.algorithm, training) <= NUMERICS_BUDGET_BYTES
+    numeric = not count_only and numerics_bytes(wl, cfg.run.spec, training) <= NUMERICS_BUDGET_BYTES
     data = random_data(wl, seed) if numeric else None
     result = simulate(cfg.gpu, build_program(cfg, data), trace)
     errors = {}
@@ -161,7 +130,8 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     for p in passes:
         select = None if p == "forward+backward" else p
         r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
-             "workload": workload_dict(wl), **mapping(cfg), **result.to_dict(select), "sim_events": result.sim_events}
+             "workload": workload_dict(wl), **dataclasses.asdict(mapping(cfg)), **result.to_dict(select),
+             "sim_events": result.sim_events}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
         hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}

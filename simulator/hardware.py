@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,14 @@ class GPU:
                 raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be a whole number")
             if value < 0 or (value == 0 and f.name not in ZERO_OK_FIELDS):
                 raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be > 0")
+            if 0 < value < sys.float_info.min:
+                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be 0 or at least {sys.float_info.min!r} "
+                                  "(smaller floats lose precision in every rate computed from them)")
+        for per_sm in ("matmul_flops_per_s", "vector_flops_per_s"):
+            value = getattr(self, per_sm)
+            if value / self.sm_count < sys.float_info.min:
+                raise HbmsimError(f"{where}: field '{per_sm}' = {value!r} is too small: split over sm_count = "
+                                  f"{self.sm_count} SMs it underflows below {sys.float_info.min!r}")
         if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:
             raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} must be > 0 when l2_bytes > 0")
         for f in INT_FIELDS:

@@ -116,7 +116,7 @@ def test_trace_and_plot_with_json_to_stdout_keep_stdout_pure(tmp_path, capsys):
 def test_sweeping_the_algorithm_applies_its_own_block_fields(tmp_path):
     text = GOOD.replace('algorithm = "flash2"\nblock_q = 32\nblock_kv = 32', 'algorithm = "standard"')
     exp = load_experiment(scenario(tmp_path, text + "[sweep]\nblock_kv = [16]\nalgorithm = [\"flash2\"]\n"))
-    assert [(c.run.algorithm, c.run.params) for c in exp.configs] == [("flash2", {"block_q": "auto", "block_kv": 16})]
+    assert [(c.run.algorithm, c.run.params) for c in exp.configs] == [("flash2", {"block_kv": 16})]
 
 
 def test_missing_file_exit_2(capsys):

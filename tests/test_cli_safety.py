@@ -182,9 +182,32 @@ def test_long_estimate_needs_yes(tmp_path, capsys, monkeypatch):
     assert "1 configuration(s), estimated" in err and "pass --yes to start" in err
 
 
-def test_estimate_is_printed_before_a_sweep(tmp_path, capsys):
+def test_estimate_is_printed_before_long_work(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(capsys, "run", scenario(tmp_path, SWEEP), "--count-only")
-    assert code == 0 and err.splitlines()[0].startswith("t: 3 configuration(s), roughly ")
+    assert code == 0 and "roughly" not in err                 # short work: no estimate line
+    monkeypatch.setattr(runner, "WALL_S_PER_STEP", 1.0)       # as if each tile step took a second
+    code, _, err = run_cli(capsys, "run", scenario(tmp_path, SWEEP), "--count-only")
+    # flash2 32x32 blocks, 2 heads: 2 x (2x2 + 4x4 + 8x8) = 168 tile steps
+    assert code == 0 and err.splitlines()[0] == "t: 3 configuration(s), roughly 3 min of simulation (estimated)"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("matmul_flops_per_s = 1.04e-322", "field 'matmul_flops_per_s' = 1.04e-322 must be 0 or at least 2.2250738585072014e-308"),
+    ("sram_bytes_per_s_per_sm = 1.89e-321", "field 'sram_bytes_per_s_per_sm' = 1.89e-321 must be 0 or at least"),
+    ("matmul_flops_per_s = 1e-306", "field 'matmul_flops_per_s' = 1e-306 is too small: split over sm_count = 108 SMs"),
+])
+def test_subnormal_rates_are_refused_up_front(tmp_path, capsys, override, message):
+    code, out, err = run_cli(capsys, "run", scenario(tmp_path, GOOD + f"[hardware_overrides]\n{override}\n"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_huge_shapes_are_refused_before_building_anything(tmp_path, capsys):
+    text = GOOD.replace("batch = 1", "batch = 1000000").replace("seq_len = 64", "seq_len = 2147483648")
+    t0 = time.perf_counter()
+    code, _, err = run_cli(capsys, "run", scenario(tmp_path, text))
+    assert code == 2 and time.perf_counter() - t0 < 5 and len(err.strip().splitlines()) == 1
+    # 2e6 batch-heads x 4 x 2^31 rows x 32 x 2 bytes
+    assert f"Q, K, V and O alone need {2_000_000 * 4 * 2**31 * 32 * 2} bytes of HBM" in err
 
 
 def test_table_shows_dtype_and_masks(tmp_path, capsys):

@@ -18,7 +18,7 @@ import signal
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings, strategies as st
 
-from hbmsim.algorithms import io_formulas as F
+from hbmsim.algorithms.blocks import FlashBlocks
 from hbmsim.algorithms.workload import Workload
 from hbmsim.scenarios import runner
 from hbmsim.scenarios.experiment import Config, RunSpec, preset_names, resolve_hardware
@@ -76,19 +76,13 @@ class Observed:
 # ---- the closed forms ----------------------------------------------------------------------------
 
 def closed_form(cfg: Config, r: dict, pass_name: str) -> dict:
-    wl, alg = cfg.workload, cfg.run.algorithm
-    if alg == "standard":
-        args = ((r["tile_m"], r["tile_n"], r["tile_k"]),)
-    else:
-        args = (r["block_q"], r["block_kv"])
-    fwd = {"standard": F.standard_forward_io, "flash1": F.flash1_forward_io, "flash2": F.flash2_forward_io}[alg]
-    bwd = {"standard": F.standard_backward_io, "flash1": F.flash1_backward_io, "flash2": F.flash2_backward_io}[alg]
-    if pass_name == "forward":
-        return fwd(wl, *args)
-    if pass_name == "backward":
-        return bwd(wl, *args)
-    total = dict(fwd(wl, *args))
-    for name, (rd, wr) in bwd(wl, *args).items():
+    """The program's closed forms (through the registry) for the mapping the run reports."""
+    wl, spec = cfg.workload, cfg.run.spec
+    mp = spec.mapping_type(**{f: r[f] for f in spec.mapping_fields})
+    if pass_name != "forward+backward":
+        return spec.io(wl, mp, pass_name)
+    total = dict(spec.io(wl, mp, "forward"))
+    for name, (rd, wr) in spec.io(wl, mp, "backward").items():
         r0, w0 = total.get(name, (0, 0))
         total[name] = (r0 + rd, w0 + wr)
     return total
@@ -245,7 +239,7 @@ def configs(draw):
     if alg != "standard" and "auto" not in params.values() and draw(st.booleans()):
         # The given blocks as they are, even longer than the sequence (the experiment loader
         # clamps those; the programs must clip their tiles themselves).
-        return Config(gpu, wl, RunSpec(alg, passes, params), mapping=dict(params))
+        return Config(gpu, wl, RunSpec(alg, passes, params), mapping=FlashBlocks(**params))
     return Config(gpu, wl, RunSpec(alg, passes, params))
 
 

@@ -1,0 +1,110 @@
+"""The registry of attention programs: everything outside algorithms/ reaches a program here.
+
+Each program module exports one `AlgorithmSpec`: its name and label, a frozen mapping dataclass
+(block sizes or GEMM tiles, with defaults, and "auto" where the program has a rule), how to
+resolve a mapping for a GPU (auto rule, clamping, SRAM fit of every pass it runs), how to build
+its simulated program, its closed-form traffic per pass, and what the real kernels offer for it.
+Adding a program is its module, its formulas and its tests: `register(spec)` makes the
+experiment loader, runner, report, compare, measure and anomalies see it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from hbmsim.simulator import GPU, HbmsimError, Program
+
+from .workload import AttentionData, Workload
+
+PASSES = ("forward", "backward")
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str                       # what experiments write: algorithm = "flash2"
+    label: str                      # for people: "FlashAttention-2 (Dao 2023)"
+    mapping_type: type              # frozen dataclass of the mapping fields, with their defaults
+    # (workload, mapping with every field resolved, data or None, training) -> Program
+    build: Callable[[Workload, object, AttentionData | None, bool], Program]
+    # (workload, resolved mapping, "forward" | "backward") -> {tensor: (read bytes, write bytes)}
+    io: Callable[[Workload, object, str], dict]
+    # (workload, resolved mapping, training) -> SRAM bytes one block of its largest kernel needs
+    sram_bytes: Callable[[Workload, object, bool], int]
+    # (gpu, workload, mapping as given, training) -> (resolved mapping, notes about what changed)
+    resolve: Callable[[GPU, Workload, object, bool], tuple] | None = None
+    # (workload, resolved mapping, training) -> tile steps, for the "this will take ..." estimate
+    steps: Callable[[Workload, object, bool], int] | None = None
+    describe: Callable[[object], str] = lambda m: "x".join(str(v) for v in dataclasses.astuple(m))
+    passes: tuple = PASSES
+    auto_fields: tuple = ()         # mapping fields that may be "auto"
+    match_fields: tuple = ()        # mapping fields that identify a real kernel's run (compare)
+    # N x N float64 arrays its numerics hold beyond the reference's: (forward, more when training)
+    nn_arrays: tuple = (0, 0)
+    kernel: str | None = None       # the real kernel that implements its forward (kernels/)
+    no_kernel_reason: str = "no real kernel implements it"
+    emulated: bool = False          # the CPU emulation can count that kernel's bytes
+    no_emulation_reason: str = "the CPU emulation runs only the flash kernel"
+
+    @property
+    def mapping_fields(self) -> tuple:
+        return tuple(f.name for f in dataclasses.fields(self.mapping_type))
+
+    def mapping_from(self, params: dict, where: str):
+        """The mapping dataclass from a run table's fields, each checked: a whole number >= 1
+        (or "auto" where the program has a rule)."""
+        values = {}
+        for key in self.mapping_fields:
+            if key not in params:
+                continue
+            v = params[key]
+            if key in self.auto_fields and v == AUTO:
+                values[key] = v
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                limit = 'a whole number >= 1 or "auto"' if key in self.auto_fields else "a whole number >= 1"
+                raise HbmsimError(f"{where}: field '{key}' = {v!r} must be {limit}")
+            values[key] = v
+        return self.mapping_type(**values)
+
+    def resolved(self, gpu: GPU, wl: Workload, mapping, training: bool) -> tuple:
+        """(mapping with every field a number, notes)."""
+        if self.resolve is None:
+            return mapping, ()
+        return self.resolve(gpu, wl, mapping, training)
+
+
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+
+
+def register(spec: AlgorithmSpec) -> AlgorithmSpec:
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
+        raise ValueError(f"algorithm {spec.name!r} is registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str, where: str = "") -> AlgorithmSpec:
+    spec = _REGISTRY.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise HbmsimError(f"{where + ': ' if where else ''}field 'algorithm' = {name!r} must be one of "
+                          f"{', '.join(_REGISTRY)}")
+    return spec
+
+
+def algorithms() -> list[AlgorithmSpec]:
+    """Every registered program, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def mapping_fields() -> tuple:
+    """Every mapping field of every program (what a run table or a sweep may name)."""
+    out: list = []
+    for spec in _REGISTRY.values():
+        out += [f for f in spec.mapping_fields if f not in out]
+    return tuple(out)
