@@ -64,7 +64,7 @@ BAD = [
     (GOOD.split("[[runs]]")[0], "needs at least one [[runs]] table"),
     (GOOD.replace("[workload]", "[workload"), "not valid TOML"),
     (GOOD.replace("batch = 1", "batch = 100000").replace("seq_len = 64", "seq_len = 65536"),
-     "HBM footprint"),
+     "Q, K, V and O alone need 3355443200000 bytes of HBM, more than hbm_capacity_bytes = 40000000000"),
 ]
 
 
