@@ -127,7 +127,7 @@ def _check_run(p: Path, i: int, r: dict, source: str = "predicted") -> None:
     w = {} if r.get("workload") is None else r["workload"]
     if not isinstance(w, dict) or any(isinstance(v, (list, dict)) for v in w.values()):
         raise HbmsimError(f"{p}: runs[{i}].workload = {w!r} must be an object of plain values")
-    for key, example in (("algorithm", "flash2"), ("pass", "forward")):
+    for key, example in (("algorithm", registry.algorithms()[-1].name), ("pass", "forward")):
         if r.get(key) is not None and not isinstance(r[key], str):
             raise HbmsimError(f"{p}: runs[{i}].{key} = {r[key]!r} must be a plain value (a string, e.g. {example!r})")
     t = {} if r.get("tensors") is None else r["tensors"]
