@@ -21,7 +21,6 @@ from .common import keep_groups
 from .flash1 import flash1_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
-SMEM_TILES = ("K_j", "V_j", "dK_j", "dV_j", "Q_i", "O_i", "dO_i", "dQ_i", "l_i", "m_i")
 
 
 def flash1_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:

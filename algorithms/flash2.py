@@ -7,27 +7,27 @@ log-sum-exp once. Loads overlap compute as in FA2's main loop, with no extra buf
 fetched while S_ij = Q_i K_j^T and its softmax are computed, and K_{j+1} while P_ij V_j is. Under the causal mask, K/V blocks that no row of the query block can see are
 skipped; the diagonal blocks are masked element-wise.
 
-Where the tiles live (the kernel in kernels/ must agree): SMEM_TILES in shared memory, the
-rest in registers.
+Where the tiles live (the kernel in kernels/ must agree): Q_i, K_j and V_j in shared memory
+(flash2_sram_bytes), S_ij, P_ij, the O accumulator, m_i and l_i in registers.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
 
 from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
-from .blocks import FlashBlocks, describe_blocks, flash_steps, resolve_flash_blocks
+from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, allowed, causal_kv_end
 
-SMEM_TILES = ("Q_i", "K_j", "V_j")                 # storage dtype, block_q x d and block_kv x d
-REGISTER_TILES = ("S_ij", "P_ij", "O_acc", "m_i", "l_i")
 
 
 def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
+    # Q_i (block_q x d) and K_j, V_j (block_kv x d each) in the storage dtype; S/P, O, m, l in registers
     return (block_q + 2 * block_kv) * wl.head_dim * wl.itemsize
 
 
@@ -102,26 +102,142 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
 # ---- the registered program ----------------------------------------------------------------------
 
-def _need(wl: Workload, training: bool):
+FA2_KERNEL, PAPER = "fa2-kernel", "paper"
+
+
+@dataclass(frozen=True)
+class Flash2Blocks:
+    """flash2's mapping: the forward's block_q x block_kv and the backward's, each a number or
+    "auto". variant "fa2-kernel" (the default): "auto" is what the FlashAttention-2 kernel
+    launches (fa2_kernel_blocks); variant "paper": "auto" is the FlashAttention paper's rule,
+    and the backward uses the forward's blocks."""
+    block_q: int | str = AUTO
+    block_kv: int | str = AUTO
+    block_q_bwd: int | str = AUTO
+    block_kv_bwd: int | str = AUTO
+    variant: str = FA2_KERNEL
+
+
+def fa2_kernel_blocks(sram_bytes_per_sm: int, wl: Workload) -> tuple[tuple, tuple]:
+    """((forward kBlockM, kBlockN), (backward kBlockM, kBlockN)) of the FlashAttention-2 kernel,
+    v2.0.0 to v2.3.6 (the launch templates are identical over these tags): forward from
+    csrc/flash_attn/src/flash_fwd_launch_template.h (run_mha_fwd_hdim32 .. hdim256), backward
+    from flash_bwd_launch_template.h (run_mha_bwd_hdim32 .. hdim256). The head dim is rounded up
+    to the kernel's 32/64/96/128/160/192/224/256. H100 runs the sm80 code path (FA2 has no sm90
+    kernel), so A100 and H100 choose alike except where the templates test shared memory:
+    `sram_bytes_per_sm` stands for cudaDevAttrMaxSharedMemoryPerBlockOptin (A100 163 KB, H100
+    227 KB) and that plus 1 KB for the per-SM figure. The sm86/sm89 rows are not modelled."""
+    d, smem = wl.head_dim, sram_bytes_per_sm
+    dropout = wl.dropout > 0
+    kb = 1024
+    if d <= 32:
+        fwd = (128, 128)
+        bwd = (128, 128)
+    elif d <= 64:
+        fwd = (128, 64) if dropout else (128, 128)
+        bwd = (128, 128) if smem >= 144 * kb else (64, 128)
+    elif d <= 96:
+        fwd, bwd = (128, 64), (64, 128)
+    elif d <= 128:
+        fwd = (128, 32) if dropout else (128, 64)
+        bwd = (64, 128) if smem >= 144 * kb else (64, 64)
+    elif d <= 160:
+        fwd, bwd = (128, 32), (64, 64)
+    elif d <= 192:
+        fwd = (64, 64) if dropout else (128, 64)
+        bwd = (64, 64)
+    elif d <= 224:
+        fwd, bwd = ((128, 64) if smem >= 112 * kb else (64, 64)), (64, 64)
+    else:     # 256: 128 x 64 needs 128 KB per block and less than 192 KB per SM, i.e. A100 not H100
+        fwd = (128, 64) if smem >= 128 * kb and smem + kb < 192 * kb else (64, 64)
+        bwd = (64, 64)
+    return fwd, bwd
+
+
+def _fit(br: int, bc: int, need, limit: int, what: str, notes: list) -> tuple[int, int]:
+    """Halve the larger block until `need` fits the simulated SRAM, saying so."""
+    b0 = (br, bc)
+    while need(br, bc) > limit and (br > 1 or bc > 1):
+        if bc > 1 and bc >= br:
+            bc //= 2
+        else:
+            br //= 2
+    if (br, bc) != b0:
+        notes.append(f"the kernel's {what} blocks {b0[0]}x{b0[1]} do not fit sram_bytes_per_sm = {limit}: "
+                     f"{br}x{bc}")
+    return br, bc
+
+
+def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
     from .flash2_backward import flash2_bwd_sram_bytes
-    return lambda br, bc: max(flash2_sram_bytes(wl, br, bc), flash2_bwd_sram_bytes(wl, br, bc) if training else 0)
+    if m.variant == PAPER:
+        need = lambda br, bc: max(flash2_sram_bytes(wl, br, bc), flash2_bwd_sram_bytes(wl, br, bc) if training else 0)
+        fwd, notes = resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, FlashBlocks(m.block_q, m.block_kv), need)
+        bwd = (fwd.block_q if m.block_q_bwd == AUTO else m.block_q_bwd,
+               fwd.block_kv if m.block_kv_bwd == AUTO else m.block_kv_bwd)
+        return replace(m, block_q=fwd.block_q, block_kv=fwd.block_kv, block_q_bwd=bwd[0], block_kv_bwd=bwd[1]), notes
+    kernel_fwd, kernel_bwd = fa2_kernel_blocks(gpu.sram_bytes_per_sm, wl)
+    notes: list = []
+    out = {}
+    for key, kernel, seq_field in (("block_q", kernel_fwd[0], "seq_len_q"), ("block_kv", kernel_fwd[1], "seq_len_kv"),
+                                   ("block_q_bwd", kernel_bwd[0], "seq_len_q"),
+                                   ("block_kv_bwd", kernel_bwd[1], "seq_len_kv")):
+        value, seq = getattr(m, key), getattr(wl, seq_field)
+        if value == AUTO:
+            value = min(kernel, seq)      # tiles are clipped to the sequence: the same bytes, less SRAM
+        elif value > seq:
+            notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
+            value = seq
+        out[key] = value
+    # The kernel's own choice is shrunk to fit a smaller simulated SRAM (saying so); blocks the
+    # user gave are kept, and a block that does not fit is an error before simulating.
+    limit = gpu.sram_bytes_per_sm
+    if m.block_q == AUTO and m.block_kv == AUTO:
+        out["block_q"], out["block_kv"] = _fit(out["block_q"], out["block_kv"],
+                                               lambda r, c: flash2_sram_bytes(wl, r, c), limit, "forward", notes)
+    if training and m.block_q_bwd == AUTO and m.block_kv_bwd == AUTO:
+        out["block_q_bwd"], out["block_kv_bwd"] = _fit(out["block_q_bwd"], out["block_kv_bwd"],
+                                                       lambda r, c: flash2_bwd_sram_bytes(wl, r, c), limit,
+                                                       "backward", notes)
+    return replace(m, **out), tuple(notes)
 
 
-def _build(wl: Workload, m: FlashBlocks, data: AttentionData | None, training: bool) -> Program:
+def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool) -> Program:
     if training:
         from .flash2_backward import flash2_training
-        return flash2_training(wl, m.block_q, m.block_kv, data)
+        return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd))
     return flash2_forward(wl, m.block_q, m.block_kv, data)
 
 
-def _io(wl: Workload, m: FlashBlocks, pass_name: str) -> dict:
+def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:
     from . import io_formulas as F
-    return (F.flash2_forward_io if pass_name == "forward" else F.flash2_backward_io)(wl, m.block_q, m.block_kv)
+    if pass_name == "forward":
+        return F.flash2_forward_io(wl, m.block_q, m.block_kv)
+    return F.flash2_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
+
+
+def _sram_bytes(wl: Workload, m: Flash2Blocks, training: bool) -> int:
+    from .flash2_backward import flash2_bwd_sram_bytes
+    fwd = flash2_sram_bytes(wl, m.block_q, m.block_kv)
+    return max(fwd, flash2_bwd_sram_bytes(wl, m.block_q_bwd, m.block_kv_bwd)) if training else fwd
+
+
+def _steps(wl: Workload, m: Flash2Blocks, training: bool) -> int:
+    c = math.ceil
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(wl.seq_len_kv / m.block_kv)
+    if training:      # the backward visits every (K/V block, query block) pair, about twice the work
+        steps += 2 * wl.groups * c(wl.seq_len_q / m.block_q_bwd) * c(wl.seq_len_kv / m.block_kv_bwd)
+    return steps
+
+
+def _describe(m: Flash2Blocks) -> str:
+    same = (m.block_q_bwd, m.block_kv_bwd) == (m.block_q, m.block_kv)
+    text = f"{m.block_q}x{m.block_kv}" + ("" if same else f" bwd {m.block_q_bwd}x{m.block_kv_bwd}")
+    return text + (" (paper)" if m.variant == PAPER else "")
 
 
 SPEC = register(AlgorithmSpec(
-    name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=FlashBlocks,
-    build=_build, io=_io, sram_bytes=lambda wl, m, training: _need(wl, training)(m.block_q, m.block_kv),
-    resolve=lambda gpu, wl, m, training: resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, m, _need(wl, training)),
-    steps=flash_steps, describe=describe_blocks, auto_fields=("block_q", "block_kv"),
+    name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=Flash2Blocks,
+    build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"), variants=(FA2_KERNEL, PAPER),
     match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True))

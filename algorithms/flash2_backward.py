@@ -24,7 +24,6 @@ from .common import STATS_DTYPE, keep_groups
 from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
-SMEM_TILES = ("Q_i", "dO_i", "K_j", "V_j", "dS_ij", "lse_i", "D_i")     # dK, dV accumulators in registers
 
 
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
@@ -32,8 +31,13 @@ def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return (2 * block_q + 2 * block_kv) * wl.head_dim * e + block_q * block_kv * e + 2 * block_q * 4
 
 
-def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
+def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
+                    bwd_blocks: tuple | None = None) -> Program:
+    """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
+    when given (the FA2 kernel picks the backward's blocks separately), else the same blocks."""
     fwd = flash2_forward(wl, block_q, block_kv, data)
+    if bwd_blocks is not None:
+        block_q, block_kv = bwd_blocks
     t = named(fwd)
     Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim

@@ -39,6 +39,8 @@ class AlgorithmSpec:
     describe: Callable[[object], str] = lambda m: "x".join(str(v) for v in dataclasses.astuple(m))
     passes: tuple = PASSES
     auto_fields: tuple = ()         # mapping fields that may be "auto"
+    variants: tuple = ()            # named organisations (the mapping's `variant` field), default first
+    bool_fields: tuple = ()         # mapping fields that are true, false or "auto"
     match_fields: tuple = ()        # mapping fields that identify a real kernel's run (compare)
     # N x N float64 arrays its numerics hold beyond the reference's: (forward, more when training)
     nn_arrays: tuple = (0, 0)
@@ -59,6 +61,16 @@ class AlgorithmSpec:
             if key not in params:
                 continue
             v = params[key]
+            if key == "variant":
+                if v not in self.variants:
+                    raise HbmsimError(f"{where}: field 'variant' = {v!r} must be one of {', '.join(self.variants)}")
+                values[key] = v
+                continue
+            if key in self.bool_fields:
+                if not isinstance(v, bool) and v != AUTO:
+                    raise HbmsimError(f"{where}: field '{key}' = {v!r} must be true, false or \"auto\"")
+                values[key] = v
+                continue
             if key in self.auto_fields and v == AUTO:
                 values[key] = v
                 continue
@@ -67,6 +79,12 @@ class AlgorithmSpec:
                 raise HbmsimError(f"{where}: field '{key}' = {v!r} must be {limit}")
             values[key] = v
         return self.mapping_type(**values)
+
+    def uniform(self, size: int, **fields):
+        """The default mapping with every block and tile (fields named block_* or tile_*) `size`
+        wide, and `fields` as given: e.g. the worked examples' blocks of 2."""
+        sizes = {f: size for f in self.mapping_fields if f.startswith(("block_", "tile_"))}
+        return self.mapping_type(**{**sizes, **fields})
 
     def resolved(self, gpu: GPU, wl: Workload, mapping, training: bool) -> tuple:
         """(mapping with every field a number, notes)."""

@@ -70,14 +70,16 @@ def translation_unit(configs: list[KernelConfig], softmax: bool) -> str:
     lines = ['#include "flash_attention.cu"']
     for i, c in enumerate(configs):
         t = c.template_args.split(",")[0]
-        lines.append(f"template __global__ void flash_attention_forward<{c.template_args}>(GlobalIn<{t}>, GlobalIn<{t}>, "
+        lines.append(f"template __global__ void flash_attention_forward<{c.template_args}>("
+                     f"GlobalIn<{t}>, GlobalIn<{t}>, "
                      f"GlobalIn<{t}>, GlobalOut<{t}>, GlobalOut<float>, int, int, float, int);")
         lines.append(f'extern "C" __device__ const unsigned int hbmsim_dynamic_smem_{i} = '
                      f"FlashSmem<{c.template_args}>::bytes;")
     if softmax:
         lines.append('#include "softmax.cu"')
         for t in ("float", "fp16"):
-            lines.append(f"template __global__ void softmax_rows<{t}, {SOFTMAX_THREADS}>(GlobalIn<{t}>, GlobalOut<{t}>, int);")
+            lines.append(f"template __global__ void softmax_rows<{t}, {SOFTMAX_THREADS}>"
+                         f"(GlobalIn<{t}>, GlobalOut<{t}>, int);")
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,8 @@ def cupy_module():
     try:
         import cupy
     except ImportError:
-        raise HbmsimError("gpu: CuPy is not installed (pip install 'hbmsim[gpu]', or cupy-cuda12x / cupy-cuda13x)") from None
+        raise HbmsimError("gpu: CuPy is not installed "
+                          "(pip install 'hbmsim[gpu]', or cupy-cuda12x / cupy-cuda13x)") from None
     return cupy
 
 
@@ -129,5 +130,6 @@ def standard_attention(q, k, v, *, causal: bool = False, scale: float | None = N
 def _mask_kernel():
     cp = cupy_module()
     if "mask" not in _modules:       # in place: reads the bool mask and S, writes S
-        _modules["mask"] = cp.ElementwiseKernel("bool ok", "T s", "if (!ok) s = (T)(-__int_as_float(0x7f800000))", "hbmsim_causal_mask")
+        _modules["mask"] = cp.ElementwiseKernel("bool ok", "T s", "if (!ok) s = (T)(-__int_as_float(0x7f800000))",
+                                                "hbmsim_causal_mask")
     return _modules["mask"]

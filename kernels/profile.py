@@ -199,7 +199,8 @@ def ncu_measure(spec: RunSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, ncu:
 def ncu_fields(kernels: list[dict]) -> dict:
     """Totals over a run's kernels in the results schema: DRAM bytes, L2-side bytes, per-kernel list."""
     total = lambda metric: sum(k.get(metric, 0.0) for k in kernels)
-    return {"hbm_read_bytes": int(total("dram__bytes_read.sum")), "hbm_write_bytes": int(total("dram__bytes_write.sum")),
+    return {"hbm_read_bytes": int(total("dram__bytes_read.sum")),
+            "hbm_write_bytes": int(total("dram__bytes_write.sum")),
             "global_read_bytes": int(total("lts__t_sectors_op_read.sum") * L2_SECTOR_BYTES),
             "global_write_bytes": int(total("lts__t_sectors_op_write.sum") * L2_SECTOR_BYTES),
             "ncu_time_s": total("gpu__time_duration.sum"),

@@ -12,6 +12,8 @@ import time
 
 import simpy
 
+from hbmsim.simulator.simpy_adapter import events_scheduled
+
 from .experiment import load_experiment
 from .runner import run_config
 
@@ -33,7 +35,7 @@ def bare_simpy_wall_s(n_events: int, n_processes: int = BARE_PROCESSES) -> float
     t0 = time.perf_counter()
     env.run()
     wall = time.perf_counter() - t0
-    done = next(env._eid)          # events actually scheduled (timeouts, inits, process ends)
+    done = events_scheduled(env)   # events actually scheduled (timeouts, inits, process ends)
     return wall * n_events / done  # scaled to exactly n_events
 
 
@@ -44,8 +46,8 @@ def bench(experiment: str = DEFAULT_EXPERIMENT, progress=True) -> dict:
         t0 = time.perf_counter()
         r = run_config(cfg, count_only=True)[-1]
         wall = time.perf_counter() - t0
-        runs.append({"algorithm": r["algorithm"], "pass": r["pass"], "wall_s": round(wall, 3), "sim_events": r["sim_events"],
-                     "predicted_time_s": r["time_s"]})
+        runs.append({"algorithm": r["algorithm"], "pass": r["pass"], "wall_s": round(wall, 3),
+                     "sim_events": r["sim_events"], "predicted_time_s": r["time_s"]})
         if progress:
             print(f"bench: {r['algorithm']} simulated in {wall:.2f} s ({r['sim_events']} SimPy events)",
                   file=sys.stderr, flush=True)

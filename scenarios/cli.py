@@ -9,14 +9,14 @@ import errno
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, load_gpu
 
 from . import report
-from .experiment import EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment, resolve_hardware, sweep_size
+from .experiment import (EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment,
+                         resolve_hardware, sweep_size)
 from .measure import cmd_emulate, cmd_profile
 from .outputs import check_output_dir, check_output_path, check_plot_path, write_text_atomic
 from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress
@@ -117,11 +117,13 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         finish(False, f"interrupted after {done[0]} of {n} configurations")
         raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
-                          + (f"; the finished ones are in {args.json}" if args.json and not to_stdout else "")) from None
+                          + (f"; the finished ones are in {args.json}"
+                             if args.json and not to_stdout else "")) from None
     except HbmsimError as err:
         finish(False, f"error after {done[0]} of {n} configurations: {err}")
         raise HbmsimError(f"{err} (stopped after {done[0]} of {n} configurations"
-                          + (f"; the finished ones are in {args.json})" if args.json and not to_stdout else ")")) from None
+                          + (f"; the finished ones are in {args.json})"
+                             if args.json and not to_stdout else ")")) from None
     finish(True)
     # Said after the run (and kept in each result's "notes"), so that a failing run still ends
     # in one line.
@@ -151,9 +153,10 @@ def seed_example() -> str:
     data = lambda: AttentionData(q[None, None].copy(), k[None, None].copy(), v[None, None].copy())
     o_ref, _ = attention_forward(wl, data())
     gpu = load_gpu(HARDWARE_DIR / "a100-sxm4-40gb.toml")
-    lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator", np.array2string(o_ref[0, 0], precision=2)]
+    lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator",
+             np.array2string(o_ref[0, 0], precision=2)]
     for spec in registry.algorithms():
-        mapping = spec.mapping_type(**{f: 2 for f in spec.mapping_fields})     # every block / tile 2 wide
+        mapping, _ = spec.resolved(gpu, wl, spec.uniform(2), False)     # every block / tile 2 wide
         prog = spec.build(wl, mapping, data(), False)
         o = simulate(gpu, prog).outputs["O"][0]
         lines.append(f"  {prog.name:17s} max |O - reference| = {np.max(np.abs(o - o_ref[0, 0])):.1e}")
@@ -186,7 +189,8 @@ def cmd_hardware(args) -> int:
     for name in preset_names():
         g = load_gpu(HARDWARE_DIR / f"{name}.toml")
         print(f"{name:18s} {g.sm_count:4d} {g.clock_hz / 1e9:6.2f} GHz {g.hbm_bytes_per_s / 1e12:6.3f} TB/s "
-              f"{g.sram_bytes_per_sm / 1024:6.0f} KiB {g.l2_bytes / 2**20:5.0f} MiB {g.matmul_flops_per_s / 1e12:7.0f} TFLOP/s")
+              f"{g.sram_bytes_per_sm / 1024:6.0f} KiB {g.l2_bytes / 2**20:5.0f} MiB "
+              f"{g.matmul_flops_per_s / 1e12:7.0f} TFLOP/s")
     return 0
 
 
@@ -249,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
     r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
-    r.add_argument("--trace", type=count(0), default=0, metavar="N", help="print the first N simulator events of each run")
+    r.add_argument("--trace", type=count(0), default=0, metavar="N",
+                   help="print the first N simulator events of each run")
     r.add_argument("--yes", action="store_true",
                    help=f"start a sweep of more than {CONFIRM_CONFIGS} configurations or over "
                         f"{_fmt_duration(CONFIRM_WALL_S)} of estimated simulation")

@@ -249,7 +249,8 @@ def report(pred: ResultsFile, meas: ResultsFile, pairs: list, unmatched_pred: li
     missing = [f for f in FIELDS if f not in {r.field for r in table}]
     if missing:
         lines.append(f"  not compared (absent from one file): {', '.join(missing)}")
-    for what, runs in (("predicted without a measurement", unmatched_pred), ("measured without a prediction", unmatched_meas)):
+    for what, runs in (("predicted without a measurement", unmatched_pred),
+                       ("measured without a prediction", unmatched_meas)):
         if runs:
             lines.append(f"{what}: {len(runs)} run(s), e.g. {describe(runs[0])}")
     return "\n".join(lines)

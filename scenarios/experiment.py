@@ -47,7 +47,8 @@ class RunSpec:
 
 
 # Hardware fields a [sweep] may vary ("what if the SRAM were larger"), and `hardware` itself.
-HARDWARE_SWEEP_FIELDS = ("hardware",) + tuple(f.name for f in dataclasses.fields(GPU) if f.name not in ("name", "source"))
+HARDWARE_SWEEP_FIELDS = ("hardware",) + tuple(f.name for f in dataclasses.fields(GPU)
+                                               if f.name not in ("name", "source"))
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def resolve_experiment(ref: str) -> Path:
     if shipped.is_file():
         return shipped
     if p.is_dir():
-        raise HbmsimError(f"experiment '{ref}' is a folder: give an experiment TOML file or a shipped experiment's name")
+        raise HbmsimError(f"experiment '{ref}' is a folder: "
+                          "give an experiment TOML file or a shipped experiment's name")
     raise HbmsimError(f"experiment '{ref}' not found (a file, or one of: "
                       f"{', '.join(sorted(q.stem for q in EXPERIMENTS_DIR.glob('*.toml')))})")
 

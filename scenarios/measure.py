@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -97,7 +96,8 @@ def _write_measurements(path: str, doc: dict) -> None:
 def _print_skipped(skipped: list) -> None:
     for s in skipped:
         w = s["workload"]
-        print(f"skipped {s['algorithm']} N={w['seq_len_q']}x{w['seq_len_kv']} {w['dtype']}: {s['reason']}", file=sys.stderr)
+        print(f"skipped {s['algorithm']} N={w['seq_len_q']}x{w['seq_len_kv']} {w['dtype']}: {s['reason']}",
+              file=sys.stderr)
 
 
 def cmd_emulate(args) -> int:
@@ -122,7 +122,8 @@ def cmd_emulate(args) -> int:
                    max_abs_error=_max_error(cfg.workload, exact, r.o))
         runs.append(rec)
         err = "n/a" if rec["max_abs_error"] is None else f"{rec['max_abs_error']:.1e}"
-        print(f"[{i + 1}/{len(plan)}] {cfg.run.algorithm} {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} d={spec.head_dim} "
+        print(f"[{i + 1}/{len(plan)}] {cfg.run.algorithm} {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} "
+              f"d={spec.head_dim} "
               f"{spec.block_q}x{spec.block_kv}{' causal' if spec.causal else ''}: read {rec['global_read_bytes']:,} B, "
               f"write {rec['global_write_bytes']:,} B, max|O-ref| {err}", file=sys.stderr)
     command = ["hbmsim", "emulate", args.experiment, "--out", args.out, "--seed", str(args.seed)]

@@ -1,5 +1,5 @@
 """Runs configurations: builds the program for a run, simulates it, checks numerics against the
-float64 reference when the data fits in memory, and returns DESIGN.md's result dicts.
+float64 reference when the data fits in memory, and returns the result dicts (README, Results JSON reference).
 
 A run whose passes include "backward" simulates a whole training step (the forward keeps what
 the backward needs) and reports each requested pass, plus "forward+backward" when both are asked.
@@ -8,7 +8,6 @@ Every result is labelled `"source": "predicted"`: these numbers come from the si
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 from typing import Callable
@@ -164,5 +163,6 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
 def stderr_progress(i: int, n: int, cfg: Config, result: dict, wall_s: float) -> None:
     wl = cfg.workload
     mode = "count-only" if result["max_abs_error"] is None else f"max|O-ref| {result['max_abs_error']:.1e}"
-    print(f"[{i}/{n}] {cfg.run.algorithm:8s} {'+'.join(cfg.run.passes):16s} N={wl.seq_len_q}x{wl.seq_len_kv} d={wl.head_dim} "
+    print(f"[{i}/{n}] {cfg.run.algorithm:8s} {'+'.join(cfg.run.passes):16s} N={wl.seq_len_q}x{wl.seq_len_kv} "
+          f"d={wl.head_dim} "
           f"B*H={wl.groups}: {wall_s:.2f} s wall, {mode}", file=sys.stderr, flush=True)

@@ -2,10 +2,12 @@
 traffic counters and results. Knows nothing about attention."""
 from .errors import HbmsimError
 from .hardware import GPU, gpu_from_dict, load_gpu
-from .machine import BlockContext, Launch, Machine, Program, check_program, program_footprint_bytes, simulate
+from .machine import Machine, check_program, program_footprint_bytes, simulate
+from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult, TensorTraffic
 from .tensor import DTYPE_BYTES, Tensor, TensorView
 
 __all__ = ["HbmsimError", "GPU", "gpu_from_dict", "load_gpu", "BlockContext", "Launch", "Machine",
-           "Program", "check_program", "program_footprint_bytes", "simulate", "KernelResult", "SimResult", "TensorTraffic", "DTYPE_BYTES",
+           "Program", "check_program", "program_footprint_bytes", "simulate", "KernelResult", "SimResult",
+           "TensorTraffic", "DTYPE_BYTES",
            "Tensor", "TensorView"]

@@ -61,7 +61,8 @@ class GPU:
                 raise HbmsimError(f"{where}: field '{per_sm}' = {value!r} is too small: split over sm_count = "
                                   f"{self.sm_count} SMs it underflows below {sys.float_info.min!r}")
         if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:
-            raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} must be > 0 when l2_bytes > 0")
+            raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} "
+                              "must be > 0 when l2_bytes > 0")
         for f in INT_FIELDS:
             object.__setattr__(self, f, int(getattr(self, f)))
 
@@ -94,7 +95,7 @@ def gpu_from_dict(data: dict, where: str) -> GPU:
     source = data.pop("source", {})
     if not isinstance(source, dict):
         raise HbmsimError(f"{where}: 'source' must be a table of field = \"citation\"")
-    fields = {f.name: f for f in dataclasses.fields(GPU)} 
+    fields = {f.name: f for f in dataclasses.fields(GPU)}
     for key in data:
         if key not in fields or key == "source":
             raise HbmsimError(f"{where}: unknown hardware field '{key}'")

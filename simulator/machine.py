@@ -1,4 +1,4 @@
-"""The machine: programs of kernel launches run on a SimPy model of HBM, L2 and the SMs.
+"""The engine: programs of kernel launches (program.py) run on a SimPy model of HBM, L2 and the SMs.
 
 - HBM: one SharedPool (bytes/s, fair share among transfers in flight) plus a fixed latency.
 - L2 (when l2_bytes > 0): a tile-granular write-back LRU; hits are served by an L2 FifoPipe.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import simpy
@@ -25,177 +24,37 @@ from .errors import HbmsimError
 from .hardware import GPU
 from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
+from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
-from .tensor import Tensor, TensorView
+from .simpy_adapter import events_scheduled
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch. `block(ctx, index)` is a generator function run once per block."""
-    name: str
-    grid: int
-    sram_bytes: int
-    block: Callable
-    allocs: tuple = ()      # tensors that come to exist in HBM when this launch starts
-    frees: tuple = ()       # tensors released after it ends
-    pass_name: str = "forward"   # which pass of a training step the kernel belongs to
+class LaunchState:
+    """What one running launch's block slots share: the next block to hand out, how many slots
+    still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained")
 
-@dataclass
-class Program:
-    name: str
-    launches: list
-    inputs: tuple = ()                              # tensors in HBM before the first launch
-    outputs: dict = field(default_factory=dict)     # name -> Tensor, returned as numpy
+    def __init__(self, env: simpy.Environment, running: int):
+        self.next_block = 0
+        self.running = running
+        self.done = env.event()          # the last slot has run out of blocks
+        self.stores = 0                  # HBM stores in flight
+        self.drain_s = 0.0               # when the last store queued at L2 is served
+        self.drained = None              # fired when `stores` reaches 0, if the kernel waits
 
+    def track_store(self, hbm_ev, l2_done_s: float) -> None:
+        """A store (or atomic, or write-back) nobody waits on: the kernel ends only after it."""
+        if l2_done_s > self.drain_s:
+            self.drain_s = l2_done_s
+        if hbm_ev is not None:
+            self.stores += 1
+            hbm_ev.callbacks.append(self._store_done)
 
-def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
-    if s.start is None or s.stop is None or not (0 <= s.start < s.stop <= limit):
-        raise HbmsimError(f"tensor {tensor.name}: {what} slice {s.start}:{s.stop} outside 0:{limit}")
-    return s.stop - s.start
-
-
-class BlockContext:
-    """What a block sees: load, store, compute (SimPy generators: `yield from ctx.load(...)`)."""
-
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch")
-
-    def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: dict):
-        self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
-
-    def load(self, view: TensorView, rows: slice, cols: slice):
-        """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
-        tiles = yield from self.load_tiles((view, rows, cols))
-        return tiles[0]
-
-    def load_tiles(self, *tiles):
-        """Issue several tile loads at once (in flight together, as cp.async does) and wait
-        for all of them. Each tile is (view, rows, cols); returns the list of tiles.
-        (prefetch + wait, written out: this is the hottest call.)"""
-        ev, l2_done_s = self._issue(tiles, False)
-        if ev is not None:
-            yield ev
-        env = self._m.env
-        if l2_done_s > env.now:
-            yield env.timeout(l2_done_s - env.now)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
-
-    def prefetch(self, *tiles):
-        """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
-        block can compute meanwhile; the tiles' SRAM must be free, which the program ensures."""
-        return tiles, *self._issue(tiles, False)
-
-    def wait(self, handle):
-        """Wait for a prefetch to land (cp.async.wait_group); returns its tiles."""
-        tiles, ev, l2_done_s = handle
-        if ev is not None and not ev.processed:
-            yield ev
-        env = self._m.env
-        if l2_done_s > env.now:
-            yield env.timeout(l2_done_s - env.now)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
-
-    def store(self, view: TensorView, rows: slice, cols: slice, value=None):
-        """Write one tile back to global memory (value is ignored in count-only mode)."""
-        yield from self.store_tiles((view, rows, cols, value))
-
-    def store_tiles(self, *tiles):
-        """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
-        stores they do not stall the block: they use bandwidth, and the kernel ends only when
-        all of them have drained."""
-        for view, rows, cols, value in tiles:
-            self._write(view, rows, cols, value, "store to")
-        self._m.post(self._launch, *self._issue(tiles, True))
-        yield from ()   # a generator like the other context calls, that never waits
-
-    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None):
-        """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
-        counted as a read and a write of the tile; like a store, it does not stall the block."""
-        self._write(view, rows, cols, value, "atomic_add to", add=True)
-        self._m.post(self._launch, *self._issue(((view, rows, cols),), False, also_write=True))
-        yield from ()
-
-    @staticmethod
-    def _write(view: TensorView, rows: slice, cols: slice, value, what: str, add: bool = False) -> None:
-        """Put a tile's value into the tensor's data (none in count-only mode), checking its shape."""
-        t = view.tensor
-        if t.data is None:
-            return
-        shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
-        if value is None or value.shape != shape:
-            raise HbmsimError(f"{what} {t.name}: value shape {None if value is None else value.shape} "
-                              f"disagrees with tile {shape}")
-        if add:
-            t.data[view.group, rows, cols] += value
-        else:
-            t.data[view.group, rows, cols] = value
-
-    def _issue(self, tiles, write: bool, also_write: bool = False):
-        """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part
-        is served). The HBM and L2 parts are in flight together: the transfer ends when the later
-        one does. L2 hits are a FIFO pipe, so their finish time is known now and needs no event
-        of its own unless it comes after the HBM part.
-
-        This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
-        tensor (requested, and DRAM when it misses L2 or there is no L2), asks the L2 model, and
-        notes dirty lines the L2 evicted (written back by one request nobody waits on)."""
-        m = self._m
-        kernel = self.kernel
-        counters = kernel.tensors
-        l2 = m.l2
-        trace = m.trace
-        hbm_bytes = l2_bytes = 0
-        for tile in tiles:
-            view, rows, cols = tile[0], tile[1], tile[2]
-            t = view.tensor
-            _, n_rows, n_cols = t.shape
-            if not (0 <= rows.start < rows.stop <= n_rows and 0 <= cols.start < cols.stop <= n_cols):
-                _span(rows, n_rows, "row", t)      # raises with the numbers
-                _span(cols, n_cols, "col", t)
-            nbytes = (rows.stop - rows.start) * (cols.stop - cols.start) * t.itemsize
-            key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
-            traffic = counters.get(t.name) or kernel.traffic(t.name)
-            for w in ((write, True) if also_write else (write,)):
-                if w:
-                    traffic.write += nbytes
-                else:
-                    traffic.read += nbytes
-                if l2 is None:
-                    from_hbm = True
-                else:
-                    evicted = l2.access(key, nbytes, (t.name, kernel.pass_name), w)
-                    from_hbm = evicted is not None and not w        # a read miss
-                    if evicted:
-                        for (name, _), nb in evicted:
-                            (counters.get(name) or kernel.traffic(name)).hbm_write += nb
-                            m.writeback_bytes += nb
-                if from_hbm:
-                    hbm_bytes += nbytes
-                    if w:
-                        traffic.hbm_write += nbytes
-                    else:
-                        traffic.hbm_read += nbytes
-                else:
-                    l2_bytes += nbytes
-                if trace is not None:
-                    where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
-                    trace(m.env.now, self.sm, kernel.name, self.block,
-                          f"{'store' if w else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
-                          f"{nbytes} B ({where})")
-        if m.writeback_bytes:
-            # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
-            # store they use bandwidth and the kernel ends only when they have drained.
-            m.post(self._launch, m.hbm.request(m.writeback_bytes), 0.0)
-            m.writeback_bytes = 0
-        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
-        return (m.hbm.request(hbm_bytes) if hbm_bytes else None), l2_done_s
-
-    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
-        """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
-        env = self._m.env
-        done_s = self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes))
-        if done_s > env.now:
-            yield env.timeout(done_s - env.now)
+    def _store_done(self, _event) -> None:
+        self.stores -= 1
+        if self.stores == 0 and self.drained is not None:
+            self.drained.succeed()
 
 
 class Machine:
@@ -215,14 +74,6 @@ class Machine:
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
-    def post(self, launch_state: dict, hbm_ev, l2_done_s: float) -> None:
-        """Track a store nobody waits on, so that its kernel ends only after it has drained."""
-        if l2_done_s > launch_state["drain_s"]:
-            launch_state["drain_s"] = l2_done_s
-        if hbm_ev is not None:
-            launch_state["stores"] += 1
-            hbm_ev.callbacks.append(launch_state["store_done"])
-
     def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int) -> float:
         k = ctx.kernel
         k.matmul_flops += matmul_flops
@@ -280,44 +131,37 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = {"next": 0, "running": n_workers, "done": env.event(), "stores": 0, "drain_s": 0.0,
-                 "drained": None}
-
-        def store_done(_event):
-            state["stores"] -= 1
-            if state["stores"] == 0 and state["drained"] is not None:
-                state["drained"].succeed()
-        state["store_done"] = store_done
+        state = LaunchState(env, n_workers)
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
         if n_workers:
-            yield state["done"]
-        if state["stores"]:                  # stores still in flight to HBM
-            state["drained"] = env.event()
-            yield state["drained"]
-        if state["drain_s"] > env.now:       # stores still queued at L2
-            yield env.timeout(state["drain_s"] - env.now)
+            yield state.done
+        if state.stores:                     # stores still in flight to HBM
+            state.drained = env.event()
+            yield state.drained
+        if state.drain_s > env.now:          # stores still queued at L2
+            yield env.timeout(state.drain_s - env.now)
         k.end_s = env.now
         hbm1, sms1 = self._busy()
         k.hbm_busy_s = hbm1 - hbm0
         k.compute_busy_s = max(b - a for a, b in zip(sms0, sms1))
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
 
-    def _worker(self, launch: Launch, sm: int, k: KernelResult, state: dict, resident: list):
+    def _worker(self, launch: Launch, sm: int, k: KernelResult, state: LaunchState, resident: list):
         """One block slot on one SM: runs blocks in linear order until the grid is exhausted."""
         ctx = BlockContext(self, sm, k, state)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
-        while state["next"] < launch.grid:
-            ctx.block = state["next"]
-            state["next"] += 1
+        while state.next_block < launch.grid:
+            ctx.block = state.next_block
+            state.next_block += 1
             yield from block_fn(ctx, ctx.block)
         resident[sm] -= launch.sram_bytes
-        state["running"] -= 1
-        if state["running"] == 0:
-            state["done"].succeed()
+        state.running -= 1
+        if state.running == 0:
+            state.done.succeed()
 
     def _flush_l2(self):
         """End of program: dirty L2 lines go to HBM, one `l2_writeback` step per pass that wrote
@@ -363,7 +207,7 @@ class Machine:
                 gc.enable()
         if not self.env.now * self.gpu.clock_hz < math.inf:     # the result counts cycles too
             self._too_slow(f"program {program.name}: its predicted time of {self.env.now!r} s")
-        events = next(self.env._eid)   # SimPy numbers every event it schedules; this is the count
+        events = events_scheduled(self.env)
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
             kernels=self.kernels, sim_events=events,

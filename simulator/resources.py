@@ -29,23 +29,11 @@ import heapq
 import math
 
 import simpy
-from simpy.events import NORMAL
 
 from .errors import HbmsimError
+from .simpy_adapter import Completion
 
 _REL_EPS = 1e-12
-
-
-class Completion(simpy.Event):
-    """An event that a pool fires some time after the request's service ends."""
-
-    __slots__ = ()
-
-    def fire_after(self, delay_s: float) -> None:
-        # What simpy.Timeout.__init__ does, for an event created earlier.
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, NORMAL, delay_s)
 
 
 def _finite_delay(delay_s: float, name: str, rate_per_s: float, amount: float) -> float:

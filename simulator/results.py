@@ -1,7 +1,7 @@
 """Results of a simulated program: per-kernel and per-tensor counters, times, and the totals.
 
 Every number here was accumulated by the simulator from the program's own loads, stores and
-compute calls; `to_dict` gives DESIGN.md's results schema, for the whole program or for the
+compute calls; `to_dict` gives the results schema (README, Results JSON reference), for the whole program or for the
 kernels of one pass (forward or backward).
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ from hbmsim.algorithms.workload import AttentionData, Workload
 from hbmsim.simulator import GPU, load_gpu
 from hbmsim.scenarios.experiment import HARDWARE_DIR
 
-# The seed example of the spine issue.
+# The worked 4 x 4 example (README: What the demo shows).
 SEED_Q = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]], float)
 SEED_K = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], float)
 SEED_V = np.arange(1, 17, dtype=float).reshape(4, 4)

@@ -39,8 +39,10 @@ BAD = [
     (GOOD.replace("batch = 1\n", ""), "missing field 'batch'"),
     (GOOD.replace("heads = 2", "heads = -2"), "field 'heads' = -2 must be a whole number >= 1"),
     (GOOD.replace("seq_len = 64", "seq_len = 0"), "field 'seq_len' = 0 must be a whole number >= 1"),
-    (GOOD + "[sweep]\nseq_len = [64, 12.5]\n", "(sweep seq_len=12.5): workload: field 'seq_len' = 12.5 must be a whole"),
-    (GOOD.replace("seq_len = 64", "seq_len_q = 0\nseq_len_kv = 8"), "field 'seq_len_q' = 0 must be a whole number >= 1"),
+    (GOOD + "[sweep]\nseq_len = [64, 12.5]\n",
+     "(sweep seq_len=12.5): workload: field 'seq_len' = 12.5 must be a whole"),
+    (GOOD.replace("seq_len = 64", "seq_len_q = 0\nseq_len_kv = 8"),
+     "field 'seq_len_q' = 0 must be a whole number >= 1"),
     (GOOD.replace("block_q = 32", "block_q = 32.5"), "field 'block_q' = 32.5 must be a whole number >= 1 or \"auto\""),
     (GOOD + "[hardware_overrides]\nname = 5\n", "field 'name' = 5 must be a non-empty string"),
     (GOOD.replace("seq_len = 64", "seq_len_q = 64"), "missing field 'seq_len'"),
@@ -48,8 +50,10 @@ BAD = [
     (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "field 'algorithm' = 'flash3' must be one of"),
     (GOOD.replace("block_q = 32", "block_q = 0"), "field 'block_q' = 0 must be a whole number >= 1 or \"auto\""),
     (GOOD.replace("block_q = 32", "block_q = 512").replace("head_dim = 32", "head_dim = 128").replace(
-        "block_kv = 32", "block_kv = 512").replace("seq_len = 64", "seq_len = 1024"), "a block needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
-    (GOOD.replace("head_dim = 32", 'head_dim = 32\ndtype = "fp8"'), "field 'dtype' = 'fp8' must be one of fp16, bf16, fp32"),
+        "block_kv = 32", "block_kv = 512").replace("seq_len = 64", "seq_len = 1024"),
+     "a block needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
+    (GOOD.replace("head_dim = 32", 'head_dim = 32\ndtype = "fp8"'),
+     "field 'dtype' = 'fp8' must be one of fp16, bf16, fp32"),
     (GOOD.replace("head_dim = 32", "head_dim = 32\ndropout = 1.5"), "field 'dropout' = 1.5 must be a number in [0, 1)"),
     (GOOD.replace("head_dim = 32", 'head_dim = 32\ncausal = "yes"'), "field 'causal' = 'yes' must be true or false"),
     (GOOD.replace('hardware = "a100-sxm4-40gb"', 'hardware = "b200"'), "hardware 'b200' is neither a preset"),
@@ -57,9 +61,11 @@ BAD = [
     (GOOD + "[hardware_overrides]\nhbm_bytes_per_s = -1.0\n", "field 'hbm_bytes_per_s' = -1.0 must be > 0"),
     (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload, a run nor a hardware field"),
     (GOOD + "[sweep]\nseq_len = 128\n", "[sweep]: 'seq_len' = 128 must be a non-empty list"),
-    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["sideways"]'), "field 'passes' has 'sideways'; supported: forward, backward"),
+    (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["sideways"]'),
+     "field 'passes' has 'sideways'; supported: forward, backward"),
     (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["forward", "forward"]'), "names a pass twice"),
-    (GOOD.replace("block_kv = 32", "block_kv = 32\ntile_m = 64"), "field 'tile_m' does not apply to algorithm 'flash2'"),
+    (GOOD.replace("block_kv = 32", "block_kv = 32\ntile_m = 64"),
+     "field 'tile_m' does not apply to algorithm 'flash2'"),
     (GOOD + "colour = 1\n", "unknown field 'colour'"),
     (GOOD.split("[[runs]]")[0], "needs at least one [[runs]] table"),
     (GOOD.replace("[workload]", "[workload"), "not valid TOML"),
@@ -163,8 +169,8 @@ def test_trace_is_readable(tmp_path, capsys):
     assert code == 0
     lines = [l for l in out.splitlines() if " us  SM" in l]
     assert len(lines) == 3
-    assert lines[0].split() == ["0.000", "us", "SM0", "flash2_fwd", "block", "0:", "load", "Q[0][0:32,", "0:32]", "2048", "B",
-                                "(HBM)"]
+    assert lines[0].split() == ["0.000", "us", "SM0", "flash2_fwd", "block", "0:", "load", "Q[0][0:32,", "0:32]",
+                                "2048", "B", "(HBM)"]
 
 
 def test_sweep_expands_cartesian_product():
@@ -192,8 +198,9 @@ def test_small_masked_training_reports_each_pass_and_checks_numerics(capsys):
             assert total[key] == fwd[key] + bwd[key]
         assert total["time_s"] == pytest.approx(fwd["time_s"] + bwd["time_s"])
         assert {k["pass"] for k in bwd["kernels"]} == {"backward"}
-    # auto blocks: B_r = min(M/4d, d) = 32, B_c clamped to N_kv = 77, both fitting the backward too
-    assert runs[6]["block_q"] == 32 and runs[6]["block_kv"] == 77
+    # auto blocks: the FA2 kernel's 128 x 128 for head dim 32 (forward and backward), clipped to
+    # N_q = 100 and N_kv = 77
+    assert [runs[6][k] for k in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd")] == [100, 77, 100, 77]
 
 
 def test_hardware_list_and_detail(capsys):

@@ -35,7 +35,8 @@ def test_sweep_with_one_bad_point_refuses_before_simulating(tmp_path, capsys, mo
     assert code == 2 and out == "" and not out_json.exists()
     # Q tile + K and V tiles: (32 + 2 * 512) rows of 128 fp16 values = 270336 bytes
     assert err.strip().splitlines() == [
-        f"hbmsim: error: {tmp_path / 'exp.toml'} [[runs]] #1 (sweep block_kv=512): block_q = 32, block_kv = 512: "
+        f"hbmsim: error: {tmp_path / 'exp.toml'} [[runs]] #1 (sweep block_kv=512): block_q = 32, block_kv = 512, "
+        "block_q_bwd = 64, block_kv_bwd = 128, variant = fa2-kernel: "
         "kernel flash2_fwd: a block needs 270336 bytes of SRAM, more than sram_bytes_per_sm = 166912 on "
         "a100-sxm4-40gb"]
 
@@ -65,8 +66,8 @@ def test_hardware_fields_and_presets_can_be_swept(tmp_path, capsys):
     assert code == 0
     assert [(r["hardware"], r["hardware_sweep"]["sram_bytes_per_sm"]) for r in runs] == [
         ("a100-sxm4-40gb", 16384), ("a100-sxm4-40gb", 65536), ("h100-sxm5-80gb", 16384), ("h100-sxm5-80gb", 65536)]
-    # auto blocks grow with SRAM: M = 8192 fp16 elements -> B_c = M / 4d = 64; 32768 -> 256, clamped to N = 64
-    assert [(r["block_q"], r["block_kv"]) for r in runs[:2]] == [(32, 64), (32, 64)]
+    # auto blocks: the FA2 kernel's 128 x 128 for head dim 32, clipped to N = 64; they fit 16 KiB
+    assert [(r["block_q"], r["block_kv"]) for r in runs] == [(64, 64)] * 4
     code, out, _ = run_cli(capsys, "run", scenario(tmp_path, text))
     assert "hardware" in out.splitlines()[1] and "h100-sxm5-80gb sram_bytes_per_sm=16384" in out
 
@@ -117,7 +118,8 @@ def _failing_after(n_ok: int, exc):
 
 
 @pytest.mark.parametrize("exc, code, line", [
-    (HbmsimError("boom"), 2, "hbmsim: error: boom (stopped after 1 of 3 configurations; the finished ones are in {json})"),
+    (HbmsimError("boom"), 2,
+     "hbmsim: error: boom (stopped after 1 of 3 configurations; the finished ones are in {json})"),
     (KeyboardInterrupt(), 130, "hbmsim: interrupted after 1 of 3 configurations; the finished ones are in {json}"),
 ])
 def test_error_or_interrupt_keeps_finished_results(tmp_path, capsys, monkeypatch, exc, code, line):
@@ -148,8 +150,9 @@ def test_results_file_grows_as_configurations_finish(tmp_path, capsys, monkeypat
 
 def test_ctrl_c_in_a_real_process_leaves_a_valid_file(tmp_path):
     """A real SIGINT, while the second of several half-second configurations runs."""
-    text = GOOD.replace("heads = 2", "heads = 16").replace("block_q = 32\nblock_kv = 32", "block_q = 16\nblock_kv = 16") \
-        + "[sweep]\nseq_len = [256, 257, 258, 259, 260, 261, 262, 263]\n"
+    text = (GOOD.replace("heads = 2", "heads = 16")
+            .replace("block_q = 32\nblock_kv = 32", "block_q = 16\nblock_kv = 16")
+            + "[sweep]\nseq_len = [256, 257, 258, 259, 260, 261, 262, 263]\n")
     out_json = tmp_path / "r.json"
     proc = subprocess.Popen([sys.executable, "-m", "hbmsim.scenarios.cli", "run", scenario(tmp_path, text),
                              "--count-only", "--json", str(out_json)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -192,7 +195,8 @@ def test_estimate_is_printed_before_long_work(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("matmul_flops_per_s = 1.04e-322", "field 'matmul_flops_per_s' = 1.04e-322 must be 0 or at least 2.2250738585072014e-308"),
+    ("matmul_flops_per_s = 1.04e-322",
+     "field 'matmul_flops_per_s' = 1.04e-322 must be 0 or at least 2.2250738585072014e-308"),
     ("sram_bytes_per_s_per_sm = 1.89e-321", "field 'sram_bytes_per_s_per_sm' = 1.89e-321 must be 0 or at least"),
     ("matmul_flops_per_s = 1e-306", "field 'matmul_flops_per_s' = 1e-306 is too small: split over sm_count = 108 SMs"),
 ])
@@ -242,7 +246,8 @@ def test_run_of_a_folder_says_folder(tmp_path, capsys):
 
 def test_closed_pipe_is_quiet(tmp_path):
     """`hbmsim ... | head`: no 'Broken pipe' message, no traceback."""
-    proc = subprocess.run(f"{sys.executable} -m hbmsim.scenarios.cli run small-masked --count-only --json - | head -c 20",
+    proc = subprocess.run(f"{sys.executable} -m hbmsim.scenarios.cli run small-masked --count-only --json - "
+                          "| head -c 20",
                           shell=True, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "0"})
     assert proc.stdout == '{\n "experiment": "sm'
     assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr

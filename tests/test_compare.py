@@ -231,7 +231,8 @@ def test_bad_measured_value_is_one_line(tmp_path, capsys, what, change, message)
 
 @pytest.mark.parametrize("change,message", [
     ({"time_s": math.nan}, "field 'time_s' = nan must be a finite number > 0"),
-    ({"hbm_read_bytes": 0}, "field 'hbm_read_bytes' = 0 must be a whole number > 0"),     # predicted: inputs start in DRAM
+    # predicted: inputs start in DRAM
+    ({"hbm_read_bytes": 0}, "field 'hbm_read_bytes' = 0 must be a whole number > 0"),
     ({"global_read_bytes": "100"}, "field 'global_read_bytes' = '100' must be a whole number > 0"),
     ({"tensors.O.write": -1}, "field 'tensors.O.write' = -1 must be a whole number >= 0"),
 ])
@@ -331,7 +332,8 @@ def test_plot_format_refused_before_any_work(tmp_path, capsys, name):
     png = tmp_path / name
     msg = _compare_fails(capsys, str(tmp_path / "missing-p.json"), str(tmp_path / "missing-m.json"), "--plot", str(png))
     suffix = png.suffix
-    assert msg.startswith(f"plot path {str(png)!r}: suffix {suffix!r} is not a format matplotlib can write (supported: ")
+    assert msg.startswith(f"plot path {str(png)!r}: suffix {suffix!r} "
+                          "is not a format matplotlib can write (supported: ")
     assert ".png" in msg and ".pdf" in msg and ".svg" in msg
     assert list(tmp_path.iterdir()) == []
 

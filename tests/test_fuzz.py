@@ -18,7 +18,6 @@ import signal
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings, strategies as st
 
-from hbmsim.algorithms.blocks import FlashBlocks
 from hbmsim.algorithms.workload import Workload
 from hbmsim.scenarios import runner
 from hbmsim.scenarios.experiment import Config, RunSpec, preset_names, resolve_hardware
@@ -214,6 +213,17 @@ def blocks(seq_len: int):
     return st.just("auto") | st.integers(math.ceil(seq_len / MAX_BLOCKS), 256)
 
 
+def cfg_spec(alg: str):
+    return RunSpec(alg).spec
+
+
+def explicit(spec, params: dict):
+    """The spec's mapping with the given flash blocks, used as they are (not resolved); a
+    backward's own blocks, where the program has them, equal the forward's."""
+    extra = {f"{k}_bwd": v for k, v in params.items() if f"{k}_bwd" in spec.mapping_fields}
+    return spec.mapping_type(**params, **extra)
+
+
 @st.composite
 def configs(draw):
     nq, nk = draw(st.integers(1, 200)), draw(st.integers(1, 200))
@@ -239,7 +249,10 @@ def configs(draw):
     if alg != "standard" and "auto" not in params.values() and draw(st.booleans()):
         # The given blocks as they are, even longer than the sequence (the experiment loader
         # clamps those; the programs must clip their tiles themselves).
-        return Config(gpu, wl, RunSpec(alg, passes, params), mapping=FlashBlocks(**params))
+        return Config(gpu, wl, RunSpec(alg, passes, params), mapping=explicit(cfg_spec(alg), params))
+    variants = cfg_spec(alg).variants
+    if variants and wl.head_dim <= 128:               # every named organisation (fa1-kernel: d <= 128)
+        params["variant"] = draw(st.sampled_from(variants))
     return Config(gpu, wl, RunSpec(alg, passes, params))
 
 

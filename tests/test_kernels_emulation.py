@@ -92,7 +92,8 @@ def test_explicit_scale(emu):
     assert_matches_reference("fp32", run.o, run.lse, o_ref, lse_ref)
 
 
-@pytest.mark.parametrize("tensor,op,shrink", [("K", "read", 1), ("Q", "read", 3), ("O", "write", 5), ("lse", "write", 1)])
+@pytest.mark.parametrize("tensor,op,shrink",
+                         [("K", "read", 1), ("Q", "read", 3), ("O", "write", 5), ("lse", "write", 1)])
 def test_out_of_bounds_access_fails(emu, tensor, op, shrink):
     """The proxies check every global access against the buffer's extent: a buffer one element
     short (as if the kernel's bounds checks were off by one) makes the launch fail."""

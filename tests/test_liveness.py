@@ -135,7 +135,8 @@ def programs(draw):
         steps = []
         for _ in range(draw(st.integers(0, 5))):
             kind = draw(st.sampled_from(["load", "load_tiles", "prefetch", "store", "atomic", "compute"]))
-            tiles = [tile(draw(st.sampled_from(tensors))) for _ in range(2 if kind in ("load_tiles", "prefetch") else 1)]
+            n_tiles = 2 if kind in ("load_tiles", "prefetch") else 1
+            tiles = [tile(draw(st.sampled_from(tensors))) for _ in range(n_tiles)]
             flops = tuple(draw(st.sampled_from([0, 1, 10**6, 10**9])) for _ in range(3))
             steps.append((kind, tiles, flops))
             for tl in tiles:

@@ -91,7 +91,8 @@ def test_nan_input_is_rejected_naming_the_tensor(name):
 def test_shapes_that_disagree_are_rejected():
     wl = Workload(1, 2, 4, 4, 4)
     data = random_data(Workload(1, 2, 4, 5, 4), 0)
-    with pytest.raises(HbmsimError, match=r"input k: shape \(1, 2, 5, 4\) disagrees with the workload's \(1, 2, 4, 4\)"):
+    with pytest.raises(HbmsimError,
+                       match=r"input k: shape \(1, 2, 5, 4\) disagrees with the workload's \(1, 2, 4, 4\)"):
         standard_forward(wl, data)
 
 

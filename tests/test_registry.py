@@ -123,14 +123,19 @@ def test_unknown_mapping_field_of_the_throwaway_is_refused_for_others(tmp_path, 
     assert "field 'rows' does not apply to algorithm 'flash2'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec", registry.algorithms(), ids=lambda s: s.name)
-def test_every_registered_program_keeps_the_three_way_equality(spec):
-    """Counters equal the spec's closed forms, per pass; numerics equal the float64 reference."""
+VARIANTS = [(spec, v) for spec in registry.algorithms() for v in (spec.variants or (None,))]
+
+
+@pytest.mark.parametrize("spec, variant", VARIANTS, ids=[f"{s.name}-{v}" for s, v in VARIANTS])
+def test_every_registered_program_keeps_the_three_way_equality(spec, variant):
+    """Counters equal the spec's closed forms, per pass; numerics equal the float64 reference;
+    for every program and every named variant of its mapping."""
     from hbmsim.algorithms.reference import attention_backward, attention_forward
     wl = Workload(2, 2, 37, 29, 8, dtype="fp16", causal=True, key_padding_mask=True, dropout=0.1)
     gpu = tiny_gpu(sram_bytes_per_sm=1 << 20)
     training = "backward" in spec.passes
-    mapping, _ = spec.resolved(gpu, wl, spec.mapping_type(**{f: 16 for f in spec.mapping_fields}), training)
+    mapping = spec.uniform(16, **({"variant": variant} if variant else {}))
+    mapping, _ = spec.resolved(gpu, wl, mapping, training)
     data = random_data(wl, seed=5)
     result = simulate(gpu, spec.build(wl, mapping, data, training))
     for p in spec.passes:

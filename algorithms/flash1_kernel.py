@@ -1,0 +1,397 @@
+"""FlashAttention v1 as the CUDA *kernel* organises it (flash-attention v1.0.9, the `fmha_*`
+kernels the FlashAttention-2 paper timed), not as the paper's Algorithm 1/4 (see flash1.py).
+
+Ground truth: spec8 section 1 (sources: `csrc/flash_attn/src/fmha_fprop_kernel_1xN.h`,
+`fmha_dgrad_kernel_1xN_loop.h`, `fmha_fwd_launch_template.h`, `fmha_bwd_launch_template.h`,
+`fmha_api.cpp` at tag v1.0.9).
+
+Forward (`fmha_fwd_loop_kernel`, grid (b, h, num_splits), blockIdx.z = split, slowest):
+  one block per (batch-head, split z); outer loop over key blocks j of Bc keys (K_j, V_j read
+  once per block and key block), inner loop over the 16-row query steps i = z, z+S, ... from
+  the first step that can see block j. Per (j, i): read Q_i (every j), for j > 0 the fp32
+  o_tmp_i and fp32 lse_i; write lse_i (every j) and either the final O_i (storage dtype) or the
+  fp32 o_tmp_i. So unlike FA2 the running output goes to HBM in fp32 once per key block.
+Backward: non-parallel (`compute_dq_dk_dv_1xN`, one block per batch-head) or seq-parallel
+  (zero dq_tmp, dot_do_o, one block per (batch-head, key block) with fp32 atomics into dq_tmp,
+  then dq_tmp -> dQ), chosen by `fa1_bwd_parallel` (num_splits_heuristic_bwd).
+
+Masks. Our causal mask is bottom-right aligned; the kernel's is top-left (it only ran with
+Nq = Nk, where both agree). Its "key block j starts at query step j*Bc/16" generalises to
+"the first 16-row step that can see key j*Bc" (causal_first_q_block with block 16); for j = 0
+it is 0 as in the kernel, so every row gets O and lse written even when (Nq > Nk, bottom-right)
+a row sees no key. Its causal final-write test `i*16 < (j+1)*Bc` generalises to "step i is
+before the first step of key block j+1", which is the same thing for Nq = Nk. Key padding is
+a mask on the full Nk keys (as in the other programs) with kv_lens read once per block: the
+real v1 kernel handles padding by unpadding (varlen cu_seqlens), which this model does not do.
+Dropout regenerates its mask in-kernel (Philox): no mask bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hbmsim.simulator import HbmsimError, Launch, Program
+
+from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .workload import AttentionData, Workload, allowed, causal_first_q_block
+
+QUERY_STEP = 16          # Cta_tile_p::M = STEP = 16 in every v1.0.9 fwd and bwd config
+DOT_DO_O_ROWS = 128      # fmha_bwd_dot_do_o_kernel grid (b, h, ceil(Nq/128)), fmha_bwd_launch_template.h:106
+
+
+def _update(wl, scale, q, k, v, o, l, m, ok, keep):
+    """One online-softmax step on a normalised output (the math of flash1._update, kept here so
+    this file does not depend on a private helper): returns (o_new normalised, l_new, m_new),
+    with -inf handled so fully masked rows stay O = 0, l = 0."""
+    s = scale * (q @ k.T)
+    if ok is not None:
+        s = np.where(ok, s, -np.inf)
+    m_tile = s.max(axis=1)
+    p = np.exp(s - np.where(np.isfinite(m_tile), m_tile, 0.0)[:, None])
+    l_tile = p.sum(axis=1)
+    m_new = np.maximum(m, m_tile)
+    m_new_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+    a_old, a_tile = np.exp(m - m_new_safe), np.exp(m_tile - m_new_safe)
+    l_new = a_old * l + a_tile * l_tile
+    if keep is not None:
+        p = p * keep                      # dropout on P only; l is the undropped softmax sum
+    num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
+    o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
+    return o_new, l_new[:, None], m_new[:, None]
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+def fa1_kernel_blocks(wl: Workload) -> int:
+    """Key block Bc (Cta_tile_p::N) of the v1.0.9 forward (fmha_fwd_hdim{32,64,128}.cu): 256
+    for d <= 64 unless the (rounded) seqlen_k is 128, 128 for 64 < d <= 128. The backward makes
+    the same choice on sm80/sm90 (spec 1.4; the sm75 row is not modelled)."""
+    d = wl.head_dim
+    if d > 128:
+        raise HbmsimError(f"flash1_kernel: head_dim {d} > 128 is not supported by FlashAttention v1")
+    if d > 64:
+        return 128
+    return 128 if wl.seq_len_kv <= 128 else 256      # max_seqlen_k rounds to 128 when <= 128
+
+
+def _eff(n_waves: np.float32) -> np.float32:
+    return np.float32(n_waves / np.float32(math.ceil(n_waves)))
+
+
+def fa1_num_splits(groups: int, sm_count: int, ctas_per_sm: int, seq_len_q: int) -> int:
+    """num_splits_heuristic_fwd (fmha_fwd_launch_template.h:21-39), in float32 as the C++ does:
+    the smallest split count whose wave efficiency exceeds 0.95 of the best, over 1..max_splits."""
+    m = QUERY_STEP
+    seqlen_q = -(-seq_len_q // m) * m      # fmha_api.cpp:255-264 rounds max_seqlen_q up to 16
+    # The v1.0.9 bug (fmha_fwd_launch_template.h:82): `std::min(30, (seqlen_q + M - 1 / M))`;
+    # `1 / M` is integer 0, so max_splits = min(30, seqlen_q + 16) -- 30 for any realistic seqlen
+    # -- instead of the intended min(30, ceil(seqlen_q / M)). Python's `1 // m` reproduces it.
+    max_splits = min(30, seqlen_q + m - 1 // m)
+    denom = np.float32(sm_count * ctas_per_sm)
+    effs = [_eff(np.float32(groups * n) / denom) for n in range(1, max_splits + 1)]
+    best = max(effs)
+    for n, e in enumerate(effs, start=1):
+        if float(e) > 0.95 * float(best):      # 0.95 is a double literal: the compare is in double
+            return n
+    return 1
+
+
+def fa1_bwd_parallel(groups: int, sm_count: int, ctas_per_sm: int, seq_len_kv: int, block_kv: int,
+                     causal: bool) -> bool:
+    """num_splits_heuristic_bwd (fmha_bwd_launch_template.h:12-29) returns 1 or seqlen_k/Bc;
+    True when it picks the seq-parallel kernel (more than one split). seqlen_k is the rounded
+    max_seqlen_k (fmha_api.cpp rounding: 128 if <= 128, 256 if <= 256, else a multiple of Bc)."""
+    if seq_len_kv <= 128:
+        seqlen = 128
+    elif seq_len_kv <= 256:
+        seqlen = 256
+    else:
+        seqlen = -(-seq_len_kv // block_kv) * block_kv
+    denom = np.float32(sm_count * ctas_per_sm)
+    eff_1 = _eff(np.float32(groups) / denom)
+    n_par = seqlen // block_kv                      # C++ integer division
+    if n_par <= 1:
+        return False
+    eff_par_raw = _eff(np.float32(groups * n_par) / denom)
+    if not causal:
+        discount = np.float32(1.0) + np.float32(block_kv) / np.float32(seqlen)
+    else:
+        if n_par >= 10:                              # "seqlen >= 1280 always prefers parallel" (d=128)
+            return True
+        discount = np.float32(1.0 + 0.5 * float(np.float32(block_kv) / np.float32(seqlen)))
+    eff_par = np.float32(eff_par_raw / discount)
+    return not (eff_1 >= eff_par)                    # `eff_1 >= eff_parallel ? 1 : num_splits_parallel`
+
+
+def _v_in_regs(wl: Workload, block_kv: int) -> bool:
+    """Backward traits flag 0x100 (V *not* in registers) on sm80/sm90: d in 65..128, and d in
+    33..64 with Bc = 256 (spec 1.4 table); other configs use 0x08 (V in registers)."""
+    d = wl.head_dim
+    return not (d > 64 or (d > 32 and block_kv == 256))
+
+
+def fa1_kernel_sram_bytes(wl: Workload, block_kv: int, training: bool) -> int:
+    """Shared memory of one block, after kernel_traits.h / the launch templates (v1.0.9).
+
+    Forward: BYTES_PER_SMEM = max(Q + K, Q + O) (K and V share one buffer: FLAGS 0x08, so
+    BYTES_PER_SMEM_V = 0), with Smem_tile_q double-buffered (2 x 16 x d), one Bc x d K/V buffer,
+    and Smem_tile_o = 16 rows x d fp32; plus Smem_dp_sum (2 x 16 fp32, the lse tile) when there
+    is more than one key block (fmha_fwd_launch_template.h:51-54).
+    Backward (fmha_bwd_launch_template.h): smem_q * 2 + smem_v * (V_IN_REGS ? 1 : 2) + smem_dq
+    + smem_s * 2 with smem_q = 2 x 16 x d (double-buffered), smem_v = Bc x d,
+    smem_dq = 16 x d x 4 x WARPS_N (8), smem_s = 16 x Bc x 2 (asserted in the source).
+    Assumptions: element size = the storage dtype (fp32 storage is our extension; the kernel is
+    fp16/bf16), no swizzle padding, d not rounded up to the dispatched 32/64/128."""
+    d, e, m = wl.head_dim, wl.itemsize, QUERY_STEP
+    smem_q = 2 * m * d * e
+    fwd = max(smem_q + block_kv * d * e, smem_q + m * d * 4)
+    if wl.seq_len_kv > block_kv:
+        fwd += 2 * m * 4
+    if not training:
+        return fwd
+    bwd = 2 * smem_q + block_kv * d * e * (1 if _v_in_regs(wl, block_kv) else 2) + m * d * 4 * 8 + 2 * m * block_kv * 2
+    return max(fwd, bwd)
+
+
+# ---- shared loop geometry -----------------------------------------------------------------------
+
+def _first_step(wl: Workload, c0: int) -> int:
+    """First 16-row query step key block starting at c0 visits: 0 for the first block (the
+    kernel's begin = j*Bc/16 = 0), else the first step that can see key c0 under the causal
+    mask (bottom-right generalisation of j*Bc/16), 0 without it."""
+    return 0 if c0 == 0 else causal_first_q_block(wl, c0, QUERY_STEP)
+
+
+def _key_blocks(wl: Workload, block_kv: int) -> list:
+    """[(c0, c1, begin, next_begin)]: next_begin is the first step of the next key block, or
+    n_steps for the last one, so step i is final at block j iff i < next_begin."""
+    nk = wl.seq_len_kv
+    n_steps = math.ceil(wl.seq_len_q / QUERY_STEP)
+    starts = list(range(0, nk, block_kv))
+    begins = [_first_step(wl, c0) for c0 in starts] + [n_steps]
+    return [(c0, min(nk, c0 + block_kv), begins[j], min(n_steps, begins[j + 1])) for j, c0 in enumerate(starts)]
+
+
+# ---- forward --------------------------------------------------------------------------------------
+
+def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: AttentionData | None = None) -> Program:
+    if block_kv < 1 or num_splits < 1:
+        raise HbmsimError(f"flash1_kernel: block_kv {block_kv} and num_splits {num_splits} must be >= 1")
+    g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
+    t = input_tensors(wl, data)
+    Q, K, V = t["Q"], t["K"], t["V"]
+    O = output(wl, "O", nq, d, wl.dtype, data)
+    LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
+    kblocks = _key_blocks(wl, block_kv)
+    loop = len(kblocks) > 1                           # fmha_api.cpp: o_tmp only `if (loop)`
+    OT = output(wl, "o_tmp", nq, d, STATS_DTYPE, data) if loop else None
+    n_steps = math.ceil(nq / QUERY_STEP)
+    scale, e, S = wl.softmax_scale, wl.itemsize, num_splits
+    keep = keep_groups(wl, data)
+    numeric = data is not None
+    all_cols, one = slice(0, d), slice(0, 1)
+
+    def block(ctx, index):
+        z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
+        if z >= n_steps:
+            return                                    # fmha_fprop_kernel_1xN.h:284: no step for this split
+        kv_len = None
+        if wl.key_padding_mask:
+            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+            kv_len = None if lens is None else int(lens[0, 0])
+        for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
+            first = begin + (z - begin) % S           # first step >= begin with step = z (mod S)
+            if first >= n_steps:
+                continue                              # this split has no step here: no K/V load
+            nc = c1 - c0
+            cols = slice(c0, c1)
+            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+            # K_j, V_j go smem -> registers once per key block (K and V held in registers).
+            yield from ctx.compute(sram_bytes=2 * nc * d * e)
+            for i in range(first, n_steps, S):
+                r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
+                rows, n = slice(r0, r1), r1 - r0
+                if j == 0:
+                    (q,) = yield from ctx.load_tiles((Q[g], rows, all_cols))
+                    o_prev = lse_prev = None
+                else:                                 # !Is_first: the fp32 partial output and lse
+                    q, o_prev, lse_prev = yield from ctx.load_tiles(
+                        (Q[g], rows, all_cols), (OT[g], rows, all_cols), (LSE[g], rows, one))
+                # FLOPs: S = Q K^T and P V, 2*n*nc*d each; vector: the online softmax of the
+                # n x nc tile, plus 2*n*d to rescale the loaded o_tmp and normalise the output.
+                # SRAM: Q_i read from smem once (n*d*e) and the output staged through the fp32
+                # Smem_tile_o before its global store (n*d*4); K and V sit in registers.
+                yield from ctx.compute(matmul_flops=4 * n * nc * d,
+                                       vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
+                                       sram_bytes=n * d * e + n * d * 4)
+                o_new = lse_new = None
+                if numeric:
+                    if j == 0:
+                        o_prev, l_prev, m_prev = np.zeros((n, d)), np.zeros(n), np.full(n, -np.inf)
+                    else:                             # (o, lse) is the state (o, l = 1, m = lse)
+                        m_prev = lse_prev[:, 0]
+                        l_prev = np.where(np.isfinite(m_prev), 1.0, 0.0)
+                    o_new, l_new, m_new = _update(wl, scale, q, k, v, o_prev, l_prev, m_prev,
+                                                  allowed(wl, kv_len, r0, r1, c0, c1),
+                                                  None if keep is None else keep[g, r0:r1, c0:c1])
+                    lse_new = np.full((n, 1), -np.inf)
+                    pos = l_new[:, 0] > 0
+                    lse_new[pos, 0] = m_new[pos, 0] + np.log(l_new[pos, 0])
+                # is_final_write (fmha_fprop_kernel_1xN.h:620-623): the last key block, or no
+                # later key block visits this step (causal).
+                final = i < next_begin
+                yield from ctx.store_tiles((LSE[g], rows, one, lse_new),
+                                           ((O if final else OT)[g], rows, all_cols, o_new))
+
+    allocs = (O, LSE) + ((OT,) if loop else ())
+    launch = Launch("fa1_fwd", g_count * S, fa1_kernel_sram_bytes(wl, block_kv, False), block,
+                    allocs=allocs, frees=(OT,) if loop else ())
+    return Program("flash1_kernel_forward", [launch], inputs=tuple(t.values()), outputs={"O": O, "lse": LSE})
+
+
+# ---- training: the forward then the backward ----------------------------------------------------
+
+def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parallel: bool,
+                        data: AttentionData | None = None) -> Program:
+    fwd = fa1_kernel_forward(wl, block_kv, num_splits, data)
+    t = named(fwd)
+    Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
+    g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
+    dO = d_o_tensor(wl, data)
+    D = grad_tensor("D", LSE, data)                                 # softmax_d, fp32
+    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
+    kblocks = _key_blocks(wl, block_kv)
+    n_kb, n_steps = len(kblocks), math.ceil(nq / QUERY_STEP)
+    loop = n_kb > 1
+    # dq_tmp: fp32, `if (loop)` in the non-parallel path (fmha_api.cpp:450-451); always (zeroed)
+    # in the seq-parallel one (:483-490).
+    DQT = grad_tensor("dq_tmp", Q, data, STATS_DTYPE) if (loop or bwd_parallel) else None
+    scale, e = wl.softmax_scale, wl.itemsize
+    keep = keep_groups(wl, data)
+    numeric = data is not None
+    all_cols, one = slice(0, d), slice(0, 1)
+    sram = fa1_kernel_sram_bytes(wl, block_kv, True)
+    n_chunks = math.ceil(nq / DOT_DO_O_ROWS)
+
+    def step_rows(i):
+        r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
+        return slice(r0, r1), r0, r1, r1 - r0
+
+    def read_lens(ctx, g):
+        if not wl.key_padding_mask:
+            return None
+        lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+        return None if lens is None else int(lens[0, 0])
+
+    def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector):
+        """One (key block, query step) of the backward: FLOPs, then the numeric gradients."""
+        n, nc = r1 - r0, c1 - c0
+        # FLOPs: five GEMMs of 2*n*nc*d (S = QK^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q,
+        # dQ = dS K); vector: recompute P and dS per score (bwd_vector_flops) plus extra_vector.
+        # SRAM: Q_i and dO_i each read by two GEMMs (4*n*d*e), S/dS staged transposed through
+        # Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from smem (2*nc*d*e).
+        yield from ctx.compute(matmul_flops=10 * n * nc * d,
+                               vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
+                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * e)
+        if not numeric:
+            return None, None, None
+        p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
+        return tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
+                          None if keep is None else keep[g, r0:r1, c0:c1])
+
+    def bwd_loop(ctx, g):
+        """compute_dq_dk_dv_1xN: one block per batch-head walks every key block."""
+        kv_len = yield from read_lens(ctx, g)
+        for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
+            cols, nc = slice(c0, c1), c1 - c0
+            if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
+                z = np.zeros((nc, d)) if numeric else None
+                yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+                continue
+            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+            dk_acc = dv_acc = None
+            if numeric:
+                dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+            for i in range(begin, n_steps):
+                rows, r0, r1, n = step_rows(i)
+                if j == 0:                            # Is_first: O read, D = rowsum(dO o O) written
+                    q, d_o, lse, o = yield from ctx.load_tiles(
+                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (O[g], rows, all_cols))
+                    yield from ctx.compute(vector_flops=2 * n * d)        # multiply + row sum
+                    yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
+                    (big_d,) = yield from ctx.load_tiles((D[g], rows, one))   # read back (:369, :672)
+                    dq_prev = None
+                else:
+                    q, d_o, lse, big_d, dq_prev = yield from ctx.load_tiles(
+                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one),
+                        (D[g], rows, one), (DQT[g], rows, all_cols))
+                # extra vector work: n*d adds of the loaded fp32 dq_tmp (j > 0)
+                dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d,
+                                                            r0, r1, c0, c1, n * d if j > 0 else 0)
+                dq = None
+                if numeric:
+                    dk_acc += dk_part
+                    dv_acc += dv_part
+                    dq = dq_part if dq_prev is None else dq_prev + dq_part
+                final = i < next_begin                # last key block or causal diagonal (:678-699)
+                yield from ctx.store(dQ[g] if final else DQT[g], rows, all_cols, dq)
+            yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
+
+    def zero_dq_tmp(ctx, index):                      # host dq_tmp.zero_() (fmha_api.cpp:483-490)
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        yield from ctx.store(DQT[g], rows, all_cols, np.zeros((rows.stop - rows.start, d)) if numeric else None)
+
+    def dot_do_o(ctx, index):                         # fmha_bwd_dot_do_o_kernel, 128 rows per block
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
+        yield from ctx.compute(vector_flops=2 * (rows.stop - rows.start) * d)   # multiply + row sum
+        yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
+
+    def bwd_seqparallel(ctx, index):                  # compute_dq_dk_dv_seqparallel, grid (b, h, n_kb)
+        j, g = divmod(index, g_count)                 # blockIdx.z = key block, slowest
+        c0, c1, begin, _ = kblocks[j]
+        cols, nc = slice(c0, c1), c1 - c0
+        if begin >= n_steps:
+            z = np.zeros((nc, d)) if numeric else None
+            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            return
+        kv_len = yield from read_lens(ctx, g)
+        k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+        dk_acc = dv_acc = None
+        if numeric:
+            dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+        for i in range(begin, n_steps):
+            rows, r0, r1, n = step_rows(i)
+            q, d_o, lse, big_d = yield from ctx.load_tiles(
+                (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (D[g], rows, one))
+            dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, 0)
+            if numeric:
+                dk_acc += dk_part
+                dv_acc += dv_part
+            yield from ctx.atomic_add(DQT[g], rows, all_cols, dq_part)    # fp32 atomicAdd (:700-708)
+        yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
+
+    def convert_dq(ctx, index):                       # host dq.copy_(dq_tmp): fp32 -> storage dtype
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        acc = yield from ctx.load(DQT[g], rows, all_cols)
+        yield from ctx.store(dQ[g], rows, all_cols, acc)
+
+    if bwd_parallel:
+        bwd = [
+            Launch("fa1_bwd_zero_dq_tmp", g_count * n_chunks, 0, zero_dq_tmp, allocs=(dO, DQT, dQ, dK, dV),
+                   pass_name="backward"),
+            Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward"),
+            Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward"),
+            Launch("fa1_bwd_convert_dq", g_count * n_chunks, 0, convert_dq, frees=(DQT, D), pass_name="backward"),
+        ]
+    else:
+        allocs = (dO, D, dQ, dK, dV) + ((DQT,) if DQT is not None else ())
+        frees = (D,) + ((DQT,) if DQT is not None else ())
+        bwd = [Launch("fa1_bwd", g_count, sram, bwd_loop, allocs=allocs, frees=frees, pass_name="backward")]
+    return Program("flash1_kernel_training", list(fwd.launches) + bwd, inputs=fwd.inputs,
+                   outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})

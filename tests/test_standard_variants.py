@@ -1,0 +1,151 @@
+"""The standard-attention variants of spec8 (PyTorch benchmark baseline, the tests' attention_ref,
+Megatron's fused scale-mask-softmax): counters equal the closed forms in
+algorithms/io_standard_variants.py exactly, and O, dQ, dK, dV equal the float64 reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hbmsim.algorithms import io_standard_variants as F
+from hbmsim.algorithms import standard_variants as V
+from hbmsim.algorithms.reference import attention_backward, attention_forward
+from hbmsim.algorithms.workload import Workload, random_data
+from hbmsim.simulator import simulate
+
+from conftest import tiny_gpu
+
+GPU = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8)
+VARIANTS = ("pytorch_bench", "attention_ref", "megatron")
+
+
+def counted(prog, pass_name):
+    return {n: (t.read, t.write) for n, t in simulate(GPU, prog).tensors(pass_name).items() if t.read or t.write}
+
+
+def closed(variant, pass_name, wl, tile):
+    io = getattr(F, f"{variant}_{pass_name}_io")(wl, tile)
+    return {n: rw for n, rw in io.items() if rw != (0, 0)}
+
+
+workloads = st.builds(
+    Workload, batch=st.integers(1, 2), heads=st.sampled_from([1, 2, 4]), seq_len_q=st.integers(1, 200),
+    seq_len_kv=st.integers(1, 200), head_dim=st.sampled_from([8, 32, 64]),
+    dtype=st.sampled_from(["fp16", "bf16", "fp32"]), causal=st.booleans(), key_padding_mask=st.booleans(),
+    dropout=st.sampled_from([0.0, 0.1]))
+tiles = st.tuples(st.integers(1, 130), st.integers(1, 130), st.integers(1, 70))
+
+
+@settings(max_examples=45, deadline=None)
+@given(st.sampled_from(VARIANTS), workloads, tiles)
+def test_counts_equal_closed_forms(variant, wl, tile):
+    prog = getattr(V, f"{variant}_training")(wl, None, tile)
+    assert counted(prog, "forward") == closed(variant, "forward", wl, tile)
+    assert counted(prog, "backward") == closed(variant, "backward", wl, tile)
+    fwd = getattr(V, f"{variant}_forward")(wl, None, tile)
+    assert counted(fwd, "forward") == closed(variant, "forward", wl, tile)
+
+
+# Shapes on which Megatron's fused kernels apply (multiples of 4/8, sk in 17..4096), so hypothesis
+# exercises the upper-triangular (causal) and masked kernels, not only the fallback.
+fused_workloads = st.builds(
+    Workload, batch=st.sampled_from([2, 4]), heads=st.sampled_from([2, 4]),
+    seq_len_q=st.sampled_from([24, 32, 136, 200]), seq_len_kv=st.sampled_from([24, 32, 136, 200]),
+    head_dim=st.sampled_from([8, 32]), dtype=st.sampled_from(["fp16", "bf16"]), causal=st.booleans(),
+    key_padding_mask=st.booleans(), dropout=st.sampled_from([0.0, 0.1]))
+
+
+@settings(max_examples=10, deadline=None)
+@given(fused_workloads, tiles)
+def test_megatron_fused_counts(wl, tile):
+    wl = Workload(**{**wl.describe(), "seq_len_kv": wl.seq_len_q if wl.causal else wl.seq_len_kv})
+    assert V.megatron_fused_applies(wl) == F.megatron_kernel_available(wl)
+    prog = V.megatron_training(wl, None, tile)
+    assert counted(prog, "forward") == closed("megatron", "forward", wl, tile)
+    assert counted(prog, "backward") == closed("megatron", "backward", wl, tile)
+
+
+small = st.fixed_dictionaries({
+    "batch": st.integers(1, 2), "heads": st.sampled_from([1, 2, 4]), "seq_len_q": st.sampled_from([3, 8, 20, 24]),
+    "seq_len_kv": st.sampled_from([5, 8, 20, 24]), "head_dim": st.sampled_from([1, 4, 8]),
+    "dtype": st.sampled_from(["fp16", "bf16", "fp32"]), "causal": st.booleans(),
+    "key_padding_mask": st.booleans(), "dropout": st.sampled_from([0.0, 0.1])})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(VARIANTS), small, tiles, st.integers(0, 2**31 - 1))
+def test_outputs_and_gradients_equal_reference(variant, fields, tile, seed):
+    wl = Workload(**fields)
+    if variant == "megatron" and wl.causal and wl.dtype != "fp32" and seed % 2:
+        # make the fused upper-triangular kernel apply: sq == sk, b*np a multiple of 8
+        wl = Workload(**{**fields, "batch": 2, "heads": 4, "seq_len_q": 24, "seq_len_kv": 24,
+                         "key_padding_mask": False})
+    data = random_data(wl, seed)
+    out = simulate(GPU, getattr(V, f"{variant}_training")(wl, data, tile)).outputs
+    o, _ = attention_forward(wl, data)
+    ref = attention_backward(wl, data, data.d_o)
+    np.testing.assert_allclose(out["O"].reshape(o.shape), o, rtol=0, atol=1e-12)
+    for name in ("dQ", "dK", "dV"):
+        np.testing.assert_allclose(out[name].reshape(ref[name].shape), ref[name], rtol=0, atol=1e-12, err_msg=name)
+    fwd = simulate(GPU, getattr(V, f"{variant}_forward")(wl, data, tile)).outputs
+    np.testing.assert_allclose(fwd["O"].reshape(o.shape), o, rtol=0, atol=1e-12)
+
+
+def test_pytorch_bench_by_hand():
+    # G = 1, N = 256, d = 64, fp16, causal, tiles 128x128x64. Q_r, K_T: one 32768 B copy each.
+    # baddbmm: Q_r read per column tile (2): 65536; K_T per row tile (2): 65536; S written 131072.
+    # causal mask: full fp32 written 262144; triu reads it, writes mask_triu 262144; .to(fp16)
+    # reads mask_triu 262144, writes causal_mask 131072; the add reads S 131072 and the mask
+    # 131072 (one head), writes S_masked 131072; softmax reads it, writes P 131072.
+    # einsum copies V (32768 each way); bmm: P read once (d = 64 is one tile), V_r per row tile.
+    wl = Workload(1, 1, 256, 256, 64, causal=True)
+    io = counted(V.pytorch_bench_forward(wl, None, (128, 128, 64)), "forward")
+    assert io == {"Q": (32768, 0), "Q_r": (65536, 32768), "K": (32768, 0), "K_T": (65536, 32768),
+                  "S": (131072, 131072), "mask_full": (262144, 262144), "mask_triu": (262144, 262144),
+                  "causal_mask": (131072, 131072), "S_masked": (131072, 131072), "P": (131072, 131072),
+                  "V": (32768, 0), "V_r": (65536, 32768), "O": (0, 32768)}
+    assert io == closed("pytorch_bench", "forward", wl, (128, 128, 64))
+
+
+def test_attention_ref_by_hand():
+    # G = 1, N = 4, d = 2, fp16, no mask, one tile. Upcasts: Q, K, V read 16 B each, 32 B fp32
+    # copies written; repeats and q*scale copy 32 B fp32 tensors; S = 4x4 fp32 = 64 B written,
+    # (one GEMM tile: Q_scaled and K_rep read once by the einsum); softmax reads 64, writes P 64;
+    # v*1/(1-p) reads V_rep 32; einsum reads P 64 and V 32,
+    # writes O32 32; downcasts read O32 32 -> O 16 and P 64 -> attention 32.
+    wl = Workload(1, 1, 4, 4, 2)
+    io = counted(V.attention_ref_forward(wl, None, (8, 8, 8)), "forward")
+    assert io == {"Q": (16, 0), "K": (16, 0), "V": (16, 0), "Q32": (32, 32), "K32": (32, 32), "V32": (32, 32),
+                  "K_rep": (32, 32), "V_rep": (32, 32), "Q_scaled": (32, 32), "S": (64, 64), "P": (128, 64),
+                  "V_dropscaled": (32, 32), "O32": (32, 32), "O": (0, 16), "attention": (0, 32)}
+    assert io == closed("attention_ref", "forward", wl, (8, 8, 8))
+
+
+def test_megatron_causal_by_hand():
+    # G = 8, N = 32, d = 8, fp16, causal: fused upper-triangular kernel applies (b*np % 8 == 0).
+    # It reads only j <= i: 8 * 32*33/2 = 4224 elements = 8448 B of S; writes P in full 16384 B.
+    # Backward: the softmax kernel reads the lower triangles of dP and P (8448 B each) and writes dS
+    # in place into dP (16384 B), after gemm_dp wrote dP (16384 B); gemm_dv reads P once more
+    # (16384 B: d = 8 is one tile), gemm_dq and gemm_dk read dS = dP once each (16384 B each).
+    wl = Workload(2, 4, 32, 32, 8, causal=True)
+    assert V.megatron_fused_applies(wl)
+    prog = V.megatron_training(wl, None, (32, 32, 8))
+    fwd, bwd = counted(prog, "forward"), counted(prog, "backward")
+    assert fwd["S"] == (8448, 16384) and fwd["P"] == (16384, 16384)
+    assert bwd["P"] == (8448 + 16384, 0) and bwd["dP"] == (8448 + 2 * 16384, 16384 + 16384)
+    assert fwd == closed("megatron", "forward", wl, (32, 32, 8))
+    assert bwd == closed("megatron", "backward", wl, (32, 32, 8))
+
+
+@pytest.mark.parametrize("fields, fused", [
+    (dict(seq_len_q=32, seq_len_kv=32), True),
+    (dict(seq_len_q=32, seq_len_kv=4100), False),       # sk > 4096
+    (dict(seq_len_q=32, seq_len_kv=16), False),         # sk must exceed 16
+    (dict(seq_len_q=30, seq_len_kv=32), False),         # sq % 4
+    (dict(seq_len_q=32, seq_len_kv=32, dtype="fp32"), False),
+    (dict(seq_len_q=32, seq_len_kv=32, causal=True, batch=1), False),   # b*np = 4, bpb = 8
+    (dict(seq_len_q=32, seq_len_kv=36, causal=True), False),            # causal kernel: sq == sk
+    (dict(seq_len_q=36, seq_len_kv=32), False),         # sq % batch_per_block (8)
+    (dict(seq_len_q=36, seq_len_kv=132), True),         # sk > 128: bpb 4
+])
+def test_megatron_gate(fields, fused):
+    wl = Workload(**{"batch": 2, "heads": 4, "head_dim": 8, **fields})
+    assert V.megatron_fused_applies(wl) is fused and F.megatron_kernel_available(wl) is fused
