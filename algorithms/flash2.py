@@ -4,8 +4,9 @@ One thread block per (batch-head, query block); query blocks of one batch-head a
 the grid, as in FA2's launch, so they share K/V tiles in L2. The block loads Q_i once, streams
 K_j, V_j through SRAM, keeps m, l and the O accumulator on chip, and writes O_i and the
 log-sum-exp once. Loads overlap compute as in FA2's main loop, with no extra buffers: V_j is
-fetched while S_ij = Q_i K_j^T and its softmax are computed, and K_{j+1} while P_ij V_j is. Under the causal mask, K/V blocks that no row of the query block can see are
-skipped; the diagonal blocks are masked element-wise.
+fetched while S_ij = Q_i K_j^T and its softmax are computed, and K_{j+1} while P_ij V_j is.
+Under the causal mask, K/V blocks that no row of the query block can see are skipped; the
+diagonal blocks are masked element-wise.
 
 Where the tiles live (the kernel in kernels/ must agree): Q_i, K_j and V_j in shared memory
 (flash2_sram_bytes), S_ij, P_ij, the O accumulator, m_i and l_i in registers.

@@ -43,7 +43,8 @@ def gemm_sram_bytes(itemsize: int, tm: int, tn: int, tk: int) -> int:
 
 
 def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, tile: tuple,
-                scale: float = 1.0, allocs=(), frees=(), a_transposed: bool = False, pass_name: str = "forward") -> Launch:
+                scale: float = 1.0, allocs=(), frees=(), a_transposed: bool = False,
+                pass_name: str = "forward") -> Launch:
     """C[g] = op(A[g]) @ op(B[g]), op = transpose where asked; one block per (g, C tile), tile_n
     fastest. A transposed operand is read as the transposed tile of its stored layout."""
     g_count = A.shape[0]
@@ -194,7 +195,8 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
             p = yield from load_panel(ctx, P, g, rows, p_chunks)
             yield from ctx.compute(vector_flops=2 * s_size(rows))
             k = None if p is None else keep[g, rows, :]
-            yield from ctx.store_tiles(*[(P_used[g], rows, c, None if p is None else p[:, c] * k[:, c]) for c in p_chunks],
+            yield from ctx.store_tiles(*[(P_used[g], rows, c, None if p is None else p[:, c] * k[:, c])
+                                         for c in p_chunks],
                                        *[(DM[g], rows, c, None if p is None else (k[:, c] > 0).astype(float))
                                          for c in p_chunks])
         launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(P_used, DM),
@@ -213,7 +215,8 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
 
 def _fill_masks(wl, data, CM, KPM):
     if CM is not None:
-        CM.data[0] = allowed(Workload(1, 1, wl.seq_len_q, wl.seq_len_kv, 1, causal=True), None, 0, wl.seq_len_q, 0, wl.seq_len_kv)
+        causal_only = Workload(1, 1, wl.seq_len_q, wl.seq_len_kv, 1, causal=True)
+        CM.data[0] = allowed(causal_only, None, 0, wl.seq_len_q, 0, wl.seq_len_kv)
     if KPM is not None:
         KPM.data[:, 0, :] = np.arange(wl.seq_len_kv)[None, :] < data.kv_lens[:, None]
 
