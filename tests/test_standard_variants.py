@@ -31,10 +31,10 @@ workloads = st.builds(
     seq_len_kv=st.integers(1, 200), head_dim=st.sampled_from([8, 32, 64]),
     dtype=st.sampled_from(["fp16", "bf16", "fp32"]), causal=st.booleans(), key_padding_mask=st.booleans(),
     dropout=st.sampled_from([0.0, 0.1]))
-tiles = st.tuples(st.integers(1, 130), st.integers(1, 130), st.integers(1, 70))
+tiles = st.tuples(st.integers(9, 130), st.integers(9, 130), st.integers(5, 70))   # small enough to clip, not tiny
 
 
-@settings(max_examples=45, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.sampled_from(VARIANTS), workloads, tiles)
 def test_counts_equal_closed_forms(variant, wl, tile):
     prog = getattr(V, f"{variant}_training")(wl, None, tile)
