@@ -28,13 +28,13 @@ def flash1_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
 
 def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     L = output(wl, "l", nq, 1, STATS_DTYPE, data)
     M = output(wl, "m", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
-    scale, e = wl.softmax_scale, wl.itemsize
+    scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
@@ -50,7 +50,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     def block(ctx, g):
         kv_len = None
         if wl.key_padding_mask:
-            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
             kv_len = None if lens is None else int(lens[0, 0])
         for c0 in range(0, nk, block_kv):
             i_first = causal_first_q_block(wl, c0, block_q)
@@ -66,7 +66,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                                                        (L[g], rows, one), (M[g], rows, one))
                 yield from ctx.compute(matmul_flops=4 * n * nc * d,
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=(n + 2 * nc) * d * e)
+                                       sram_bytes=(n + 2 * nc) * d * itemsize)
                 if numeric:
                     o, l, m = _update(wl, scale, q, k, v, o, l[:, 0], m[:, 0],
                                       allowed(wl, kv_len, r0, r1, c0, c1),
@@ -77,7 +77,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         Launch("flash1_init", g_count * tr, 0, init_block, allocs=(O, L, M)),
         Launch("flash1_fwd", g_count, flash1_sram_bytes(wl, block_q, block_kv), block),
     ]
-    return Program("flash1_forward", launches, inputs=tuple(t.values()), outputs={"O": O, "l": L, "m": M})
+    return Program("flash1_forward", launches, inputs=tuple(tensors.values()), outputs={"O": O, "l": L, "m": M})
 
 
 def _update(wl, scale, q, k, v, o, l, m, ok, keep):

@@ -29,13 +29,13 @@ def flash1_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
 
 def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
     fwd = flash1_forward(wl, block_q, block_kv, data)
-    t = named(fwd)
-    Q, K, V, O, L, M = t["Q"], t["K"], t["V"], t["O"], t["l"], t["m"]
+    tensors = named(fwd)
+    Q, K, V, O, L, M = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["l"], tensors["m"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     dO = d_o_tensor(wl, data)
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr = math.ceil(nq / block_q)
-    scale, e = wl.softmax_scale, wl.itemsize
+    scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
@@ -52,7 +52,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     def block(ctx, g):
         kv_len = None
         if wl.key_padding_mask:
-            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
             kv_len = None if lens is None else int(lens[0, 0])
         for cols in kv_tiles:
             c0, c1 = cols.start, cols.stop
@@ -72,7 +72,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                     (dQ[g], rows, all_cols), (L[g], rows, one), (M[g], rows, one))
                 yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                        vector_flops=bwd_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * e)
+                                       sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
                 if numeric:
                     s = scale * (q @ k.T)
                     ok = allowed(wl, kv_len, r0, r1, c0, c1)

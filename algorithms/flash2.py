@@ -34,12 +34,12 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
-    scale, e = wl.softmax_scale, wl.itemsize
+    scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
     numeric = data is not None
     all_cols = slice(0, d)
@@ -54,7 +54,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
         first = [(Q[g], rows, all_cols)]
         if wl.key_padding_mask:
-            first.append((t["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
+            first.append((tensors["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
         q_next = ctx.prefetch(*first)                     # Q_i and K_0 are fetched together
         k_next = ctx.prefetch((K[g], kv_cols(0), all_cols)) if kv_end > 0 else None
         q, *lens = yield from ctx.wait(q_next)
@@ -67,7 +67,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             (k,) = yield from ctx.wait(k_next)
             v_next = ctx.prefetch((V[g], cols, all_cols))
             yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                   sram_bytes=(n + nc) * d * e)
+                                   sram_bytes=(n + nc) * d * itemsize)
             if numeric:
                 s = scale * (q @ k.T)
                 ok = allowed(wl, kv_len, r0, r1, c0, c1)
@@ -84,7 +84,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             (v,) = yield from ctx.wait(v_next)
             if c0 + block_kv < kv_end:
                 k_next = ctx.prefetch((K[g], kv_cols(c0 + block_kv), all_cols))
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e)
+            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * itemsize)
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
@@ -98,7 +98,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE))
-    return Program("flash2_forward", [launch], inputs=tuple(t.values()), outputs={"O": O, "lse": LSE})
+    return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 
 # ---- the registered program ----------------------------------------------------------------------

@@ -27,8 +27,8 @@ from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
-    e = wl.itemsize
-    return (2 * block_q + 2 * block_kv) * wl.head_dim * e + block_q * block_kv * e + 2 * block_q * 4
+    itemsize = wl.itemsize
+    return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4
 
 
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
@@ -38,15 +38,15 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     fwd = flash2_forward(wl, block_q, block_kv, data)
     if bwd_blocks is not None:
         block_q, block_kv = bwd_blocks
-    t = named(fwd)
-    Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
+    tensors = named(fwd)
+    Q, K, V, O, LSE = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["lse"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     dO = d_o_tensor(wl, data)
     D = grad_tensor("D", LSE, data)
     dQacc = grad_tensor("dQ_accum", Q, data, STATS_DTYPE)
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
-    scale, e = wl.softmax_scale, wl.itemsize
+    scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = keep_groups(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
@@ -74,7 +74,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             return
         kv_len = None
         if wl.key_padding_mask:
-            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
+            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
             kv_len = None if lens is None else int(lens[0, 0])
         k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
         dk_acc = dv_acc = None
@@ -87,7 +87,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
                                                            (LSE[g], rows, one), (D[g], rows, one))
             yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
-                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * e)
+                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])

@@ -223,12 +223,22 @@ def _fill_masks(wl, data, CM, KPM):
 
 # ---- the registered program ----------------------------------------------------------------------
 
+# Kernel lists (standard_variants.py), each from the source that was timed or that others use:
+EAGER = "eager"                   # this module: PyTorch eager as autograd runs it
+PYTORCH_BENCH = "pytorch-bench"   # attention_pytorch, flash-attention benchmarks (the FA2 paper's baseline)
+ATTENTION_REF = "attention-ref"   # attention_ref, flash-attention tests (fp32 upcast)
+MEGATRON = "megatron"             # Megatron-LM's fused scale-mask-softmax
+VARIANTS = (EAGER, PYTORCH_BENCH, ATTENTION_REF, MEGATRON)
+
+
 @dataclass(frozen=True)
 class GemmTile:
-    """Standard attention's mapping: the output tile (tile_m x tile_n) and k-step of its GEMMs."""
+    """Standard attention's mapping: the output tile (tile_m x tile_n) and k-step of its GEMMs,
+    and which kernel list runs (`variant`)."""
     tile_m: int = GEMM_TILE[0]
     tile_n: int = GEMM_TILE[1]
     tile_k: int = GEMM_TILE[2]
+    variant: str = EAGER
 
     @property
     def tile(self) -> tuple:
@@ -236,6 +246,10 @@ class GemmTile:
 
 
 def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool) -> Program:
+    if m.variant != EAGER:
+        from . import standard_variants as V
+        name = m.variant.replace("-", "_")
+        return getattr(V, f"{name}_training" if training else f"{name}_forward")(wl, data, m.tile)
     if training:
         from .standard_backward import standard_training
         return standard_training(wl, data, m.tile)
@@ -243,6 +257,9 @@ def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool
 
 
 def _io(wl: Workload, m: GemmTile, pass_name: str) -> dict:
+    if m.variant != EAGER:
+        from . import io_standard_variants as V
+        return getattr(V, f"{m.variant.replace('-', '_')}_{pass_name}_io")(wl, m.tile)
     from . import io_formulas as F
     return (F.standard_forward_io if pass_name == "forward" else F.standard_backward_io)(wl, m.tile)
 
@@ -267,7 +284,7 @@ def _steps(wl: Workload, m: GemmTile, training: bool) -> int:
 SPEC = register(AlgorithmSpec(
     name="standard", label="standard attention (PyTorch eager)", mapping_type=GemmTile,
     build=_build, io=_io, sram_bytes=_sram_bytes, steps=_steps,
-    describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}",
-    nn_arrays=(2, 4), kernel="standard_attention",
+    describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}" + ("" if m.variant == EAGER else f" {m.variant}"),
+    nn_arrays=(4, 8), variants=VARIANTS, kernel="standard_attention",
     no_emulation_reason="the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
                         "whose traffic a CPU emulation cannot count honestly"))
