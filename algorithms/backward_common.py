@@ -44,7 +44,7 @@ def recompute_p(wl: Workload, scale: float, q, k, ok, lse) -> np.ndarray:
     s = scale * (q @ k.T)
     if ok is not None:
         s = np.where(ok, s, -np.inf)
-    lse_safe = np.where(np.isfinite(lse), lse, 0.0)
+    lse_safe = np.where(np.isfinite(lse), lse, 0.0)      # a fully masked row: P = 0, not NaN
     return np.exp(s - lse_safe[:, None])
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from hbmsim.simulator import Tensor
 
-from .workload import AttentionData, Workload
+from .workload import AttentionData, Workload, allowed
 
 STATS_DTYPE = "fp32"       # m, l and log-sum-exp are kept in fp32, as FlashAttention does
 MASK_DTYPE = "bool"        # standard attention's masks and dropout mask: 1 byte per element
@@ -41,7 +41,7 @@ def input_tensors(wl: Workload, data: AttentionData | None) -> dict:
     return t
 
 
-def keep_groups(wl: Workload, data: AttentionData | None) -> np.ndarray | None:
+def scaled_keep_mask(wl: Workload, data: AttentionData | None) -> np.ndarray | None:
     """Dropout keep mask as (groups, Nq, Nkv), scaled by 1/(1-p); None without dropout or data."""
     if data is None or wl.dropout <= 0:
         return None
@@ -50,3 +50,52 @@ def keep_groups(wl: Workload, data: AttentionData | None) -> np.ndarray | None:
 
 def output(wl: Workload, name: str, rows: int, cols: int, dtype: str, data) -> Tensor:
     return Tensor(name, (wl.groups, rows, cols), dtype, count_only=data is None)
+
+
+# ---- pieces the flash programs share ----------------------------------------------------------
+
+def block_rows(i: int, block: int, n: int) -> slice:
+    """Rows of block i when n rows are cut into blocks of `block` (the last one ragged)."""
+    return slice(i * block, min(n, (i + 1) * block))
+
+
+def load_kv_len(ctx, tensors: dict, wl: Workload, g: int):
+    """Load batch-head g's number of valid keys (key padding): a 4-byte tile of kv_lens. Returns
+    it, or None when key padding is off or the run is count-only. (`yield from` it.)"""
+    if not wl.key_padding_mask:
+        return None
+    lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1))
+    return None if lens is None else int(lens[0, 0])
+
+
+def finite_or_zero(m: np.ndarray) -> np.ndarray:
+    """A running max with -inf (a row that has seen only masked keys) replaced by 0, so that
+    exp(s - m) is 0 for masked scores, never NaN."""
+    return np.where(np.isfinite(m), m, 0.0)
+
+
+def masked_scores(wl: Workload, scale: float, q, k, kv_len, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """S = scale Q K^T for query rows r0:r1 and keys c0:c1, -inf where the masks forbid."""
+    s = scale * (q @ k.T)
+    ok = allowed(wl, kv_len, r0, r1, c0, c1)
+    return s if ok is None else np.where(ok, s, -np.inf)
+
+
+def online_softmax_update(s, v, o, l, m, keep):
+    """One step of online softmax on a *normalised* output (FlashAttention Algorithm 1, lines
+    9-13): tile max and sum, m_new = max(m, m_tile), rescale old and new by exp(m - m_new),
+    O = (l exp(m_old - m_new) O + exp(m_tile - m_new) P V) / l_new. Rows that have seen only
+    masked keys stay O = 0, l = 0. Dropout (`keep`, scaled) applies to P only, not to l.
+    Returns (o_new, l_new, m_new), l and m as columns."""
+    m_tile = s.max(axis=1)
+    p = np.exp(s - finite_or_zero(m_tile)[:, None])
+    l_tile = p.sum(axis=1)
+    m_new = np.maximum(m, m_tile)
+    m_new_safe = finite_or_zero(m_new)
+    a_old, a_tile = np.exp(m - m_new_safe), np.exp(m_tile - m_new_safe)
+    l_new = a_old * l + a_tile * l_tile
+    if keep is not None:
+        p = p * keep
+    num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
+    o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
+    return o_new, l_new[:, None], m_new[:, None]

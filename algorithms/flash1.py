@@ -15,10 +15,11 @@ import numpy as np
 
 from hbmsim.simulator import Launch, Program
 
-from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .common import (STATS_DTYPE, block_rows, input_tensors, load_kv_len, masked_scores, online_softmax_update,
+                     online_softmax_vector_flops, output, scaled_keep_mask)
 from .blocks import AUTO, FlashBlocks, flash_steps, resolve_flash_blocks
 from .registry import AlgorithmSpec, register
-from .workload import AttentionData, Workload, allowed, causal_first_q_block
+from .workload import AttentionData, Workload, causal_first_q_block
 
 
 
@@ -35,23 +36,20 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     M = output(wl, "m", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
     scale, itemsize = wl.softmax_scale, wl.itemsize
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
 
     def init_block(ctx, index):
         g, i = divmod(index, tr)
-        rows = slice(i * block_q, min(nq, (i + 1) * block_q))
+        rows = block_rows(i, block_q, nq)
         n = rows.stop - rows.start
         yield from ctx.store_tiles((O[g], rows, all_cols, np.zeros((n, d)) if numeric else None),
                                    (L[g], rows, one, np.zeros((n, 1)) if numeric else None),
                                    (M[g], rows, one, np.full((n, 1), -np.inf) if numeric else None))
 
     def block(ctx, g):
-        kv_len = None
-        if wl.key_padding_mask:
-            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
-            kv_len = None if lens is None else int(lens[0, 0])
+        kv_len = yield from load_kv_len(ctx, tensors, wl, g)
         for c0 in range(0, nk, block_kv):
             i_first = causal_first_q_block(wl, c0, block_q)
             if i_first >= tr:
@@ -68,9 +66,8 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
                                        sram_bytes=(n + 2 * nc) * d * itemsize)
                 if numeric:
-                    o, l, m = _update(wl, scale, q, k, v, o, l[:, 0], m[:, 0],
-                                      allowed(wl, kv_len, r0, r1, c0, c1),
-                                      None if keep is None else keep[g, r0:r1, c0:c1])
+                    o, l, m = online_softmax_update(masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1), v, o,
+                                                    l[:, 0], m[:, 0], None if keep is None else keep[g, r0:r1, c0:c1])
                 yield from ctx.store_tiles((O[g], rows, all_cols, o), (L[g], rows, one, l), (M[g], rows, one, m))
 
     launches = [
@@ -78,26 +75,6 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         Launch("flash1_fwd", g_count, flash1_sram_bytes(wl, block_q, block_kv), block),
     ]
     return Program("flash1_forward", launches, inputs=tuple(tensors.values()), outputs={"O": O, "l": L, "m": M})
-
-
-def _update(wl, scale, q, k, v, o, l, m, ok, keep):
-    """Algorithm 1 lines 9-13, with -inf handled so fully masked rows stay O = 0, l = 0."""
-    s = scale * (q @ k.T)
-    if ok is not None:
-        s = np.where(ok, s, -np.inf)
-    m_tile = s.max(axis=1)
-    m_tile_safe = np.where(np.isfinite(m_tile), m_tile, 0.0)
-    p = np.exp(s - m_tile_safe[:, None])
-    l_tile = p.sum(axis=1)
-    m_new = np.maximum(m, m_tile)
-    m_new_safe = np.where(np.isfinite(m_new), m_new, 0.0)
-    a_old, a_tile = np.exp(m - m_new_safe), np.exp(m_tile - m_new_safe)
-    l_new = a_old * l + a_tile * l_tile
-    if keep is not None:
-        p = p * keep
-    num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
-    o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
-    return o_new, l_new[:, None], m_new[:, None]
 
 
 # ---- the registered program ----------------------------------------------------------------------

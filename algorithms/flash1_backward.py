@@ -17,9 +17,9 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, tile_grads
-from .common import keep_groups
+from .common import finite_or_zero, load_kv_len, masked_scores, scaled_keep_mask
 from .flash1 import flash1_forward
-from .workload import AttentionData, Workload, allowed, causal_first_q_block
+from .workload import AttentionData, Workload, causal_first_q_block
 
 
 
@@ -36,7 +36,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr = math.ceil(nq / block_q)
     scale, itemsize = wl.softmax_scale, wl.itemsize
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
     q_tiles = [slice(r, min(nq, r + block_q)) for r in range(0, nq, block_q)]
@@ -50,10 +50,7 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                                    *[(T[g], c, all_cols, zeros(c)) for c in kv_tiles for T in (dK, dV)])
 
     def block(ctx, g):
-        kv_len = None
-        if wl.key_padding_mask:
-            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
-            kv_len = None if lens is None else int(lens[0, 0])
+        kv_len = yield from load_kv_len(ctx, tensors, wl, g)
         for cols in kv_tiles:
             c0, c1 = cols.start, cols.stop
             i_first = causal_first_q_block(wl, c0, block_q)
@@ -74,12 +71,8 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                                        vector_flops=bwd_vector_flops(wl, n, nc) + 2 * n * d,
                                        sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
                 if numeric:
-                    s = scale * (q @ k.T)
-                    ok = allowed(wl, kv_len, r0, r1, c0, c1)
-                    if ok is not None:
-                        s = np.where(ok, s, -np.inf)
-                    m_safe = np.where(np.isfinite(m[:, 0]), m[:, 0], 0.0)
-                    e_s = np.exp(s - m_safe[:, None])
+                    s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
+                    e_s = np.exp(s - finite_or_zero(m[:, 0])[:, None])
                     p = np.divide(e_s, l, out=np.zeros_like(e_s), where=l > 0)     # Algorithm 4, line 13
                     big_d = (d_o * o).sum(axis=1)                                   # line 19
                     dq_part, dk_part, dv_part = tile_grads(wl, scale, q, k, v, d_o, p, big_d,

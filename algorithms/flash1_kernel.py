@@ -34,32 +34,12 @@ import numpy as np
 from hbmsim.simulator import HbmsimError, Launch, Program
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
-from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .common import (STATS_DTYPE, input_tensors, load_kv_len, masked_scores, online_softmax_update,
+                     online_softmax_vector_flops, output, scaled_keep_mask)
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 QUERY_STEP = 16          # Cta_tile_p::M = STEP = 16 in every v1.0.9 fwd and bwd config
 DOT_DO_O_ROWS = 128      # fmha_bwd_dot_do_o_kernel grid (b, h, ceil(Nq/128)), fmha_bwd_launch_template.h:106
-
-
-def _update(wl, scale, q, k, v, o, l, m, ok, keep):
-    """One online-softmax step on a normalised output (the math of flash1._update, kept here so
-    this file does not depend on a private helper): returns (o_new normalised, l_new, m_new),
-    with -inf handled so fully masked rows stay O = 0, l = 0."""
-    s = scale * (q @ k.T)
-    if ok is not None:
-        s = np.where(ok, s, -np.inf)
-    m_tile = s.max(axis=1)
-    p = np.exp(s - np.where(np.isfinite(m_tile), m_tile, 0.0)[:, None])
-    l_tile = p.sum(axis=1)
-    m_new = np.maximum(m, m_tile)
-    m_new_safe = np.where(np.isfinite(m_new), m_new, 0.0)
-    a_old, a_tile = np.exp(m - m_new_safe), np.exp(m_tile - m_new_safe)
-    l_new = a_old * l + a_tile * l_tile
-    if keep is not None:
-        p = p * keep                      # dropout on P only; l is the undropped softmax sum
-    num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
-    o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
-    return o_new, l_new[:, None], m_new[:, None]
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -189,7 +169,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     OT = output(wl, "o_tmp", nq, d, STATS_DTYPE, data) if loop else None
     n_steps = math.ceil(nq / QUERY_STEP)
     scale, e, S = wl.softmax_scale, wl.itemsize, num_splits
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
 
@@ -197,10 +177,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
         if z >= n_steps:
             return                                    # fmha_fprop_kernel_1xN.h:284: no step for this split
-        kv_len = None
-        if wl.key_padding_mask:
-            lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
-            kv_len = None if lens is None else int(lens[0, 0])
+        kv_len = yield from load_kv_len(ctx, t, wl, g)
         for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
             first = begin + (z - begin) % S           # first step >= begin with step = z (mod S)
             if first >= n_steps:
@@ -233,9 +210,9 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                     else:                             # (o, lse) is the state (o, l = 1, m = lse)
                         m_prev = lse_prev[:, 0]
                         l_prev = np.where(np.isfinite(m_prev), 1.0, 0.0)
-                    o_new, l_new, m_new = _update(wl, scale, q, k, v, o_prev, l_prev, m_prev,
-                                                  allowed(wl, kv_len, r0, r1, c0, c1),
-                                                  None if keep is None else keep[g, r0:r1, c0:c1])
+                    o_new, l_new, m_new = online_softmax_update(
+                        masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1), v, o_prev, l_prev, m_prev,
+                        None if keep is None else keep[g, r0:r1, c0:c1])
                     lse_new = np.full((n, 1), -np.inf)
                     pos = l_new[:, 0] > 0
                     lse_new[pos, 0] = m_new[pos, 0] + np.log(l_new[pos, 0])
@@ -269,7 +246,7 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
     # in the seq-parallel one (:483-490).
     DQT = grad_tensor("dq_tmp", Q, data, STATS_DTYPE) if (loop or bwd_parallel) else None
     scale, e = wl.softmax_scale, wl.itemsize
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
     sram = fa1_kernel_sram_bytes(wl, block_kv, True)
@@ -280,10 +257,7 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         return slice(r0, r1), r0, r1, r1 - r0
 
     def read_lens(ctx, g):
-        if not wl.key_padding_mask:
-            return None
-        lens = yield from ctx.load(t["kv_lens"][g // wl.heads], one, one)
-        return None if lens is None else int(lens[0, 0])
+        return (yield from load_kv_len(ctx, t, wl, g))
 
     def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector):
         """One (key block, query step) of the backward: FLOPs, then the numeric gradients."""

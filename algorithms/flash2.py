@@ -20,10 +20,11 @@ import numpy as np
 
 from hbmsim.simulator import Launch, Program
 
-from .common import STATS_DTYPE, input_tensors, keep_groups, online_softmax_vector_flops, output
+from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
+                     online_softmax_vector_flops, output, scaled_keep_mask)
 from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
 from .registry import AlgorithmSpec, register
-from .workload import AttentionData, Workload, allowed, causal_kv_end
+from .workload import AttentionData, Workload, causal_kv_end
 
 
 
@@ -40,7 +41,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
     scale, itemsize = wl.softmax_scale, wl.itemsize
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols = slice(0, d)
 
@@ -49,8 +50,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
     def block(ctx, index):
         g, i = divmod(index, tr)
-        r0, r1 = i * block_q, min(nq, (i + 1) * block_q)
-        rows, n = slice(r0, r1), r1 - r0
+        rows = block_rows(i, block_q, nq)
+        r0, r1, n = rows.start, rows.stop, rows.stop - rows.start
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
         first = [(Q[g], rows, all_cols)]
         if wl.key_padding_mask:
@@ -69,12 +70,11 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
                                    sram_bytes=(n + nc) * d * itemsize)
             if numeric:
-                s = scale * (q @ k.T)
-                ok = allowed(wl, kv_len, r0, r1, c0, c1)
-                if ok is not None:
-                    s = np.where(ok, s, -np.inf)
+                # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
+                # at the end.
+                s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
                 m_new = np.maximum(m, s.max(axis=1))
-                m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+                m_safe = finite_or_zero(m_new)
                 p = np.exp(s - m_safe[:, None])
                 alpha = np.exp(m - m_safe)
                 l = alpha * l + p.sum(axis=1)

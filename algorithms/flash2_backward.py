@@ -20,7 +20,7 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
-from .common import STATS_DTYPE, keep_groups
+from .common import STATS_DTYPE, block_rows, load_kv_len, scaled_keep_mask
 from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
@@ -47,12 +47,12 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
     scale, itemsize = wl.softmax_scale, wl.itemsize
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
 
     def q_rows(i):
-        return slice(i * block_q, min(nq, (i + 1) * block_q))
+        return block_rows(i, block_q, nq)
 
     def dot_do_o(ctx, index):
         g, i = divmod(index, tr)
@@ -72,10 +72,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             z = np.zeros((nc, d)) if numeric else None
             yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
             return
-        kv_len = None
-        if wl.key_padding_mask:
-            lens = yield from ctx.load(tensors["kv_lens"][g // wl.heads], one, one)
-            kv_len = None if lens is None else int(lens[0, 0])
+        kv_len = yield from load_kv_len(ctx, tensors, wl, g)
         k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
         dk_acc = dv_acc = None
         if numeric:

@@ -22,7 +22,7 @@ import numpy as np
 
 from hbmsim.simulator import Launch, Program, Tensor
 
-from .common import MASK_DTYPE, input_tensors, keep_groups, output
+from .common import MASK_DTYPE, input_tensors, scaled_keep_mask, output
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, allowed
 
@@ -187,7 +187,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
     if wl.dropout > 0:
         P_used = output(wl, "P_drop", nq, nk, wl.dtype, data)
         DM = output(wl, "dropout_mask", nq, nk, MASK_DTYPE, data)
-        keep = keep_groups(wl, data)
+        keep = scaled_keep_mask(wl, data)
         outputs.update(P_drop=P_used, dropout_mask=DM)
 
         def dropout_block(ctx, index):

@@ -38,7 +38,7 @@ import numpy as np
 from hbmsim.simulator import Launch, Program, Tensor
 
 from .backward_common import d_o_tensor, grad_tensor
-from .common import MASK_DTYPE, input_tensors, keep_groups, output
+from .common import MASK_DTYPE, input_tensors, scaled_keep_mask, output
 from .standard import GEMM_TILE, SOFTMAX_VECTOR_FLOPS, gemm_launch, mask_panel, panels_of, store_panel
 from .standard_backward import SOFTMAX_BWD_VECTOR_FLOPS
 from .workload import AttentionData, Workload, allowed
@@ -246,7 +246,7 @@ def _dropout_fwd(wl, data, panel, L, P, dtype):
         return P, None
     Pd = output(wl, "P_drop", wl.seq_len_q, wl.seq_len_kv, dtype, data)
     DM = output(wl, "dropout_mask", wl.seq_len_q, wl.seq_len_kv, MASK_DTYPE, data)
-    keep = keep_groups(wl, data)
+    keep = scaled_keep_mask(wl, data)
     pc = panel.p_chunks
     L.append(panel_launch("dropout", wl, panel, [(P, _same, pc)], [(Pd, pc), (DM, pc)],
                           lambda g, r, a: [a[0] * keep[g, r, :], (keep[g, r, :] > 0).astype(float)], 2,

@@ -25,7 +25,7 @@ def _kernel_plan(exp, emulated: bool) -> tuple[list, list]:
     whose kernel the CPU emulation counts), and the skipped ones with why."""
     from hbmsim.kernels.config import KernelConfig
     from hbmsim.kernels.profile import RunSpec
-    from .runner import mapping, workload_dict
+    from .runner import resolved_mapping, workload_dict
 
     plan, skipped = [], []
     for cfg in exp.configs:
@@ -41,7 +41,7 @@ def _kernel_plan(exp, emulated: bool) -> tuple[list, list]:
             why = "the kernels implement the causal mask only (no key padding, no dropout)"
         run = None
         if why is None:
-            mp = mapping(cfg)
+            mp = resolved_mapping(cfg)
             run = RunSpec(spec.kernel, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype,
                           wl.causal, getattr(mp, "block_q", None), getattr(mp, "block_kv", None), wl.scale)
             try:

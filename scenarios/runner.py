@@ -25,7 +25,7 @@ from .experiment import HARDWARE_SWEEP_FIELDS, Config, Experiment
 NUMERICS_BUDGET_BYTES = 1 << 30
 
 
-def mapping(cfg: Config):
+def resolved_mapping(cfg: Config):
     """The run's mapping (its program's mapping dataclass), every field resolved."""
     if cfg.mapping is not None:
         return cfg.mapping
@@ -84,11 +84,11 @@ def estimated_wall_s(cfg: Config) -> float:
     spec = cfg.run.spec
     if spec.steps is None:
         return 0.0
-    return spec.steps(cfg.workload, mapping(cfg), cfg.run.training) * WALL_S_PER_STEP
+    return spec.steps(cfg.workload, resolved_mapping(cfg), cfg.run.training) * WALL_S_PER_STEP
 
 
 def build_program(cfg: Config, data=None):
-    return cfg.run.spec.build(cfg.workload, mapping(cfg), data, cfg.run.training)
+    return cfg.run.spec.build(cfg.workload, resolved_mapping(cfg), data, cfg.run.training)
 
 
 def numerics_bytes(wl: Workload, spec, training: bool) -> int:
@@ -129,7 +129,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     for p in passes:
         select = None if p == "forward+backward" else p
         r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
-             "workload": workload_dict(wl), **dataclasses.asdict(mapping(cfg)), **result.to_dict(select),
+             "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **result.to_dict(select),
              "sim_events": result.sim_events}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
