@@ -62,6 +62,8 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 rows, n = slice(r0, r1), r1 - r0
                 q, o, l, m = yield from ctx.load_tiles((Q[g], rows, all_cols), (O[g], rows, all_cols),
                                                        (L[g], rows, one), (M[g], rows, one))
+                # matmul: S = Q_i K_j^T and P V_j, 2*n*nc*d each (a multiply-add is 2 FLOPs); vector: the
+                # online softmax of the n x nc tile plus rescaling O_i (2*n*d); SRAM: Q_i, K_j, V_j read once.
                 yield from ctx.compute(matmul_flops=4 * n * nc * d,
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
                                        sram_bytes=(n + 2 * nc) * d * itemsize)

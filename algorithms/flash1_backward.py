@@ -67,6 +67,9 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                 q, o, d_o, dq, l, m = yield from ctx.load_tiles(
                     (Q[g], rows, all_cols), (O[g], rows, all_cols), (dO[g], rows, all_cols),
                     (dQ[g], rows, all_cols), (L[g], rows, one), (M[g], rows, one))
+                # matmul: five n x nc x d products, 2*n*nc*d each: S = Q K^T (recompute), dV += P^T dO,
+                # dP = dO V^T, dQ += dS K, dK += dS^T Q; vector: the backward's per-score work plus
+                # D_i = rowsum(dO o O) (2*n*d); SRAM: Q, O, dO (n x d), K, V, dK-or-dV (nc x d), S/dS (n x nc).
                 yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                        vector_flops=bwd_vector_flops(wl, n, nc) + 2 * n * d,
                                        sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)

@@ -67,6 +67,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             c1, nc = cols.stop, cols.stop - c0
             (k,) = yield from ctx.wait(k_next)
             v_next = ctx.prefetch((V[g], cols, all_cols))
+            # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax; Q_i and K_j from SRAM
             yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
                                    sram_bytes=(n + nc) * d * itemsize)
             if numeric:
@@ -84,7 +85,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             (v,) = yield from ctx.wait(v_next)
             if c0 + block_kv < kv_end:
                 k_next = ctx.prefetch((K[g], kv_cols(c0 + block_kv), all_cols))
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * itemsize)
+            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * itemsize)   # acc += P V_j
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l

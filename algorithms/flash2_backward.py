@@ -59,7 +59,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         rows = q_rows(i)
         n = rows.stop - rows.start
         d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
-        yield from ctx.compute(vector_flops=2 * n * d)
+        yield from ctx.compute(vector_flops=2 * n * d)        # D = rowsum(dO o O): a multiply and an add per element
         yield from ctx.store_tiles((D[g], rows, one, None if not numeric else (d_o * o).sum(axis=1, keepdims=True)),
                                    (dQacc[g], rows, all_cols, np.zeros((n, d)) if numeric else None))
 
@@ -83,6 +83,8 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             n = r1 - r0
             q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
                                                            (LSE[g], rows, one), (D[g], rows, one))
+            # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
+            # dQ += dS K, dK += dS^T Q
             yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
                                    sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
             dq_part = None

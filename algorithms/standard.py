@@ -67,6 +67,7 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
             kk = ks.stop - ks.start
             a, b = yield from ctx.load_tiles((A[g], ks, rows) if a_transposed else (A[g], rows, ks),
                                              (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
+            # rm x cn outputs, kk multiply-adds each (2 FLOPs); the A and B tiles read from SRAM once
             yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * e)
             if numeric:
                 acc += (a.T if a_transposed else a) @ (b.T if b_transposed else b)
@@ -118,7 +119,7 @@ def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: 
     if KPM is not None:
         tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
     got = yield from ctx.load_tiles(*tiles)
-    yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)
+    yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)     # one select per element
     val = None
     if data is not None:
         kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
@@ -149,7 +150,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
     def scale_block(ctx, index):
         g, rows = panel(index)
         s = yield from load_panel(ctx, S, g, rows, s_chunks)
-        yield from ctx.compute(vector_flops=s_size(rows))
+        yield from ctx.compute(vector_flops=s_size(rows))      # scale: one multiply per element
         yield from store_panel(ctx, S, g, rows, s_chunks, None if s is None else wl.softmax_scale * s)
 
     launches = [gemm_launch("gemm_qk", Q, K, S, True, gemm_tile, allocs=(S,)),
@@ -193,7 +194,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
         def dropout_block(ctx, index):
             g, rows = panel(index)
             p = yield from load_panel(ctx, P, g, rows, p_chunks)
-            yield from ctx.compute(vector_flops=2 * s_size(rows))
+            yield from ctx.compute(vector_flops=2 * s_size(rows))     # dropout: compare + multiply
             k = None if p is None else keep[g, rows, :]
             yield from ctx.store_tiles(*[(P_used[g], rows, c, None if p is None else p[:, c] * k[:, c])
                                          for c in p_chunks],

@@ -48,7 +48,7 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
     def dropout_bwd(ctx, index):
         g, rows = panel(index)
         got = yield from ctx.load_tiles(*[(dPd[g], rows, c) for c in s_chunks], *[(DM[g], rows, c) for c in p_chunks])
-        yield from ctx.compute(vector_flops=2 * (rows.stop - rows.start) * nk)
+        yield from ctx.compute(vector_flops=2 * (rows.stop - rows.start) * nk)     # dP = dPd * keep / (1-p)
         val = None
         if numeric:
             val = np.hstack(got[:len(s_chunks)]) * np.hstack(got[len(s_chunks):]) * keep_scale
@@ -71,7 +71,7 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
     def scale_bwd(ctx, index):
         g, rows = panel(index)
         ds = yield from load_panel(ctx, dS, g, rows, p_chunks)
-        yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)
+        yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)     # one operation per element
         yield from store_panel(ctx, dS, g, rows, p_chunks, None if ds is None else wl.softmax_scale * ds)
 
     grid = g_count * panel.count
