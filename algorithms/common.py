@@ -30,15 +30,15 @@ def input_tensors(wl: Workload, data: AttentionData | None) -> dict:
     count_only = data is None
     if data is not None:
         data.check(wl)
-    t = {
+    tensors = {
         "Q": Tensor("Q", (g, nq, d), wl.dtype, None if count_only else data.q.reshape(g, nq, d), count_only),
         "K": Tensor("K", (g, nk, d), wl.dtype, None if count_only else data.k.reshape(g, nk, d), count_only),
         "V": Tensor("V", (g, nk, d), wl.dtype, None if count_only else data.v.reshape(g, nk, d), count_only),
     }
     if wl.key_padding_mask:
         lens = None if count_only else data.kv_lens.reshape(wl.batch, 1, 1).astype(np.float64)
-        t["kv_lens"] = Tensor("kv_lens", (wl.batch, 1, 1), INDEX_DTYPE, lens, count_only)
-    return t
+        tensors["kv_lens"] = Tensor("kv_lens", (wl.batch, 1, 1), INDEX_DTYPE, lens, count_only)
+    return tensors
 
 
 def scaled_keep_mask(wl: Workload, data: AttentionData | None) -> np.ndarray | None:

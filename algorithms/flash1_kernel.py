@@ -72,8 +72,8 @@ def fa1_num_splits(groups: int, sm_count: int, ctas_per_sm: int, seq_len_q: int)
     denom = np.float32(sm_count * ctas_per_sm)
     effs = [_eff(np.float32(groups * n) / denom) for n in range(1, max_splits + 1)]
     best = max(effs)
-    for n, e in enumerate(effs, start=1):
-        if float(e) > 0.95 * float(best):      # 0.95 is a double literal: the compare is in double
+    for n, itemsize in enumerate(effs, start=1):
+        if float(itemsize) > 0.95 * float(best):      # 0.95 is a double literal: the compare is in double
             return n
     return 1
 
@@ -124,14 +124,15 @@ def fa1_kernel_sram_bytes(wl: Workload, block_kv: int, training: bool) -> int:
     smem_dq = 16 x d x 4 x WARPS_N (8), smem_s = 16 x Bc x 2 (asserted in the source).
     Assumptions: element size = the storage dtype (fp32 storage is our extension; the kernel is
     fp16/bf16), no swizzle padding, d not rounded up to the dispatched 32/64/128."""
-    d, e, m = wl.head_dim, wl.itemsize, QUERY_STEP
-    smem_q = 2 * m * d * e
-    fwd = max(smem_q + block_kv * d * e, smem_q + m * d * 4)
+    d, itemsize, m = wl.head_dim, wl.itemsize, QUERY_STEP
+    smem_q = 2 * m * d * itemsize
+    fwd = max(smem_q + block_kv * d * itemsize, smem_q + m * d * 4)
     if wl.seq_len_kv > block_kv:
         fwd += 2 * m * 4
     if not training:
         return fwd
-    bwd = 2 * smem_q + block_kv * d * e * (1 if _v_in_regs(wl, block_kv) else 2) + m * d * 4 * 8 + 2 * m * block_kv * 2
+    smem_v = block_kv * d * itemsize * (1 if _v_in_regs(wl, block_kv) else 2)
+    bwd = 2 * smem_q + smem_v + m * d * 4 * 8 + 2 * m * block_kv * 2
     return max(fwd, bwd)
 
 
@@ -160,15 +161,15 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     if block_kv < 1 or num_splits < 1:
         raise HbmsimError(f"flash1_kernel: block_kv {block_kv} and num_splits {num_splits} must be >= 1")
     g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     kblocks = _key_blocks(wl, block_kv)
     loop = len(kblocks) > 1                           # fmha_api.cpp: o_tmp only `if (loop)`
     OT = output(wl, "o_tmp", nq, d, STATS_DTYPE, data) if loop else None
     n_steps = math.ceil(nq / QUERY_STEP)
-    scale, e, S = wl.softmax_scale, wl.itemsize, num_splits
+    scale, itemsize, S = wl.softmax_scale, wl.itemsize, num_splits
     keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
@@ -177,7 +178,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
         if z >= n_steps:
             return                                    # fmha_fprop_kernel_1xN.h:284: no step for this split
-        kv_len = yield from load_kv_len(ctx, t, wl, g)
+        kv_len = yield from load_kv_len(ctx, tensors, wl, g)
         for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
             first = begin + (z - begin) % S           # first step >= begin with step = z (mod S)
             if first >= n_steps:
@@ -186,7 +187,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
             cols = slice(c0, c1)
             k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
             # K_j, V_j go smem -> registers once per key block (K and V held in registers).
-            yield from ctx.compute(sram_bytes=2 * nc * d * e)
+            yield from ctx.compute(sram_bytes=2 * nc * d * itemsize)
             for i in range(first, n_steps, S):
                 r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
                 rows, n = slice(r0, r1), r1 - r0
@@ -202,7 +203,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 # Smem_tile_o before its global store (n*d*4); K and V sit in registers.
                 yield from ctx.compute(matmul_flops=4 * n * nc * d,
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=n * d * e + n * d * 4)
+                                       sram_bytes=n * d * itemsize + n * d * 4)
                 o_new = lse_new = None
                 if numeric:
                     if j == 0:
@@ -225,7 +226,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     allocs = (O, LSE) + ((OT,) if loop else ())
     launch = Launch("fa1_fwd", g_count * S, fa1_kernel_sram_bytes(wl, block_kv, False), block,
                     allocs=allocs, frees=(OT,) if loop else ())
-    return Program("flash1_kernel_forward", [launch], inputs=tuple(t.values()), outputs={"O": O, "lse": LSE})
+    return Program("flash1_kernel_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 
 # ---- training: the forward then the backward ----------------------------------------------------
@@ -233,8 +234,8 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
 def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parallel: bool,
                         data: AttentionData | None = None) -> Program:
     fwd = fa1_kernel_forward(wl, block_kv, num_splits, data)
-    t = named(fwd)
-    Q, K, V, O, LSE = t["Q"], t["K"], t["V"], t["O"], t["lse"]
+    tensors = named(fwd)
+    Q, K, V, O, LSE = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["lse"]
     g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
     dO = d_o_tensor(wl, data)
     D = grad_tensor("D", LSE, data)                                 # softmax_d, fp32
@@ -245,7 +246,7 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
     # dq_tmp: fp32, `if (loop)` in the non-parallel path (fmha_api.cpp:450-451); always (zeroed)
     # in the seq-parallel one (:483-490).
     DQT = grad_tensor("dq_tmp", Q, data, STATS_DTYPE) if (loop or bwd_parallel) else None
-    scale, e = wl.softmax_scale, wl.itemsize
+    scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
@@ -257,7 +258,7 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         return slice(r0, r1), r0, r1, r1 - r0
 
     def read_lens(ctx, g):
-        return (yield from load_kv_len(ctx, t, wl, g))
+        return (yield from load_kv_len(ctx, tensors, wl, g))
 
     def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector):
         """One (key block, query step) of the backward: FLOPs, then the numeric gradients."""
@@ -268,7 +269,7 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         # Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from smem (2*nc*d*e).
         yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
-                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * e)
+                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * itemsize)
         if not numeric:
             return None, None, None
         p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])

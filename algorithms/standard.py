@@ -52,7 +52,7 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
     n = C.shape[2]
     tm, tn, tk = gemm_tiles(m, n, kdim, tile)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-    e = A.itemsize
+    itemsize = A.itemsize
     numeric = A.data is not None
 
     def block(ctx, index):
@@ -68,12 +68,13 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
             a, b = yield from ctx.load_tiles((A[g], ks, rows) if a_transposed else (A[g], rows, ks),
                                              (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
             # rm x cn outputs, kk multiply-adds each (2 FLOPs); the A and B tiles read from SRAM once
-            yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * e)
+            yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * itemsize)
             if numeric:
                 acc += (a.T if a_transposed else a) @ (b.T if b_transposed else b)
         yield from ctx.store(C[g], rows, cols, None if acc is None else scale * acc)
 
-    return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(e, tm, tn, tk), block, allocs, frees, pass_name)
+    return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(itemsize, tm, tn, tk), block, allocs, frees,
+                  pass_name)
 
 
 def col_chunks(n: int, width: int) -> list[slice]:
@@ -134,8 +135,8 @@ def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
 def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
                      training: bool = False) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     numeric = data is not None
     S = output(wl, "S", nq, nk, wl.dtype, data)
     P = output(wl, "P", nq, nk, wl.dtype, data)
@@ -210,7 +211,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
         outputs["P"] = P
     if numeric and wl.masked:
         _fill_masks(wl, data, CM, KPM)
-    extra = tuple(v for k, v in t.items() if k not in "QKV")
+    extra = tuple(v for k, v in tensors.items() if k not in "QKV")
     return Program("standard_forward", launches, inputs=tuple(inputs) + extra, outputs=outputs)
 
 

@@ -28,14 +28,14 @@ SOFTMAX_BWD_VECTOR_FLOPS = 4      # per element: dP * P, row sum, subtract, mult
 
 def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
     fwd = standard_forward(wl, data, gemm_tile, training=True)
-    t = named(fwd)
-    Q, K, V, P = t["Q"], t["K"], t["V"], t["P"]
+    tensors = named(fwd)
+    Q, K, V, P = tensors["Q"], tensors["K"], tensors["V"], tensors["P"]
     g_count, nq, nk = wl.groups, wl.seq_len_q, wl.seq_len_kv
     numeric = data is not None
     dropout = wl.dropout > 0
-    P_used = t["P_drop"] if dropout else P
-    DM = t.get("dropout_mask")
-    CM, KPM = t.get("causal_mask"), t.get("key_padding_mask")
+    P_used = tensors["P_drop"] if dropout else P
+    DM = tensors.get("dropout_mask")
+    CM, KPM = tensors.get("causal_mask"), tensors.get("key_padding_mask")
     dO = d_o_tensor(wl, data)
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     dPd = output(wl, "dP_drop" if dropout else "dP", nq, nk, wl.dtype, data)

@@ -159,9 +159,9 @@ def _zero(g):
 def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, training: bool) -> Program:
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     numeric = data is not None
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
-    inputs = [Q, K, V] + [v for k, v in t.items() if k not in "QKV"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
+    inputs = [Q, K, V] + [v for k, v in tensors.items() if k not in "QKV"]
     panel = panels_of(wl, gemm_tile)
     sc, pc = panel.s_chunks, panel.p_chunks
     tr = panel.rows
@@ -281,9 +281,9 @@ def _attention_ref(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     numeric = data is not None
     up = wl.dtype != F32            # .float() / .to(dtype_og) are no-ops for fp32
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
-    inputs = [Q, K, V] + [v for k, v in t.items() if k not in "QKV"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
+    inputs = [Q, K, V] + [v for k, v in tensors.items() if k not in "QKV"]
     panel = panels_of(wl, gemm_tile)
     sc, pc = panel.s_chunks, panel.p_chunks
     tr = panel.rows
@@ -447,9 +447,9 @@ def megatron_fused_applies(wl: Workload) -> bool:
 def _megatron(wl: Workload, data: AttentionData | None, gemm_tile: tuple, training: bool) -> Program:
     nq, nk, d = wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     numeric = data is not None
-    t = input_tensors(wl, data)
-    Q, K, V = t["Q"], t["K"], t["V"]
-    inputs = [Q, K, V] + [v for k, v in t.items() if k not in "QKV"]
+    tensors = input_tensors(wl, data)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
+    inputs = [Q, K, V] + [v for k, v in tensors.items() if k not in "QKV"]
     panel = panels_of(wl, gemm_tile)
     sc, pc = panel.s_chunks, panel.p_chunks
     tr = panel.rows
