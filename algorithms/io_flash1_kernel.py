@@ -1,4 +1,4 @@
-"""Closed-form global-memory traffic of the FlashAttention v1 *kernel* programs (flash1_kernel.py),
+"""Closed-form L2-side traffic of the FlashAttention v1 *kernel* programs (flash1_kernel.py),
 derived on paper from spec8 section 1 (v1.0.9), not from the simulator: {tensor: (read, write)}.
 
 Notation (per batch-head; every term is then multiplied by G = batch*heads): e = storage bytes

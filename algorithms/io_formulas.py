@@ -1,4 +1,4 @@
-"""Closed-form global-memory traffic of each program: bytes read and written, per tensor.
+"""Closed-form L2-side traffic (bytes requested from global memory) of each program: bytes read and written, per tensor.
 
 These are derived from the algorithms on paper, not from the simulator; tests require the
 simulator's counters to equal them exactly for every shape, block size and mask. Ragged edges

@@ -3,7 +3,7 @@ each field with its relative error, summarise (mean absolute percentage error), 
 predicted against measured traffic on log axes with the y = x line.
 
 Predicted files come from `hbmsim run ... --json`; measured files from `hbmsim emulate`
-("source": "emulated", global bytes per tensor) or `hbmsim profile` ("source": "measured",
+("source": "emulated", L2-side bytes per tensor) or `hbmsim profile` ("source": "measured",
 times and, with ncu, DRAM and L2 bytes). A field is compared only where both files have it.
 Both files are checked as strictly as experiments are (see `_check_run`): a bad value is one
 line naming the file, the run, the field, the value and the limit.
@@ -264,7 +264,7 @@ def plot(pairs: list, path: str | Path, source: str) -> Path:
 
     path = check_plot_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    series = {"global (L2-side) bytes, read + write": ("global_read_bytes", "global_write_bytes", "tab:blue", "o"),
+    series = {"L2-side bytes, read + write": ("global_read_bytes", "global_write_bytes", "tab:blue", "o"),
               "HBM (DRAM) bytes, read + write": ("hbm_read_bytes", "hbm_write_bytes", "tab:red", "s")}
     fig, ax = plt.subplots(figsize=(6.5, 6))
     values = []

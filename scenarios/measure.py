@@ -1,7 +1,7 @@
 """`hbmsim emulate` and `hbmsim profile`: run the real kernel over an experiment's configurations
 and write a measurement file (JSON with provenance) that `hbmsim compare` reads.
 
-emulate runs the CUDA source on the CPU (kernels/emulation.py) and records global bytes only,
+emulate runs the CUDA source on the CPU (kernels/emulation.py) and records L2-side bytes only,
 labelled "emulated"; profile runs it on a GPU through CuPy (and ncu when present), labelled
 "measured". Configurations no kernel can run are listed under "skipped" with the reason.
 """

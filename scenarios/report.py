@@ -125,7 +125,7 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
         axes[0].loglog(n, [r["hbm_read_bytes"] + r["hbm_write_bytes"] for r in rs], marker=marker, color=color,
                        label=f"{alg}: HBM (DRAM) bytes")
         axes[0].loglog(n, [r["global_read_bytes"] + r["global_write_bytes"] for r in rs], ls="--", marker=marker,
-                       color=color, alpha=0.5, label=f"{alg}: bytes requested (L2 side)")
+                       color=color, alpha=0.5, label=f"{alg}: L2-side bytes (requested)")
         axes[1].loglog(n, [r["hbm_peak_bytes"] for r in rs], marker=marker, color=color, label=alg)
         axes[2].loglog(n, [r["time_s"] * 1e3 for r in rs], marker=marker, color=color, label=alg)
     all_n = sorted({r["workload"]["seq_len_q"] for r in results})

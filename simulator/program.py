@@ -127,7 +127,7 @@ class BlockContext:
         of its own unless it comes after the HBM part.
 
         This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
-        tensor (requested, and DRAM when it misses L2 or there is no L2), asks the L2 model, and
+        tensor (L2-side, and DRAM when it misses L2 or there is no L2), asks the L2 model, and
         notes dirty lines the L2 evicted (written back by one request nobody waits on)."""
         m = self._m
         kernel = self.kernel

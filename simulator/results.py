@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TensorTraffic:
-    read: int = 0          # bytes requested by loads (global / L2 traffic)
-    write: int = 0         # bytes requested by stores
+    read: int = 0          # L2-side bytes: what loads requested from global memory
+    write: int = 0         # L2-side bytes stores requested
     hbm_read: int = 0      # bytes that reached DRAM
     hbm_write: int = 0
 
