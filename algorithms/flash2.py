@@ -118,6 +118,18 @@ class Flash2Blocks:
     block_q_bwd: int | str = AUTO
     block_kv_bwd: int | str = AUTO
     variant: str = FA2_KERNEL
+    # kNWarps of the forward and backward kernels: recorded for the time model (issue 9), they
+    # do not change any byte; "auto": the kernel's (fa2_kernel_blocks), 4 for the paper variant
+    warps: int | str = AUTO
+    warps_bwd: int | str = AUTO
+
+
+def fa2_kernel_warps(sram_bytes_per_sm: int, wl: Workload) -> tuple[int, int]:
+    """(forward kNWarps, backward kNWarps) of the same launch templates: the forward runs 4 warps
+    except the 128 x 64 tiles of head dims 192-256, which run 8; every backward runs 8."""
+    d = wl.head_dim
+    fwd, _ = fa2_kernel_blocks(sram_bytes_per_sm, wl)
+    return (8 if d > 160 and fwd == (128, 64) else 4), 8
 
 
 def fa2_kernel_blocks(sram_bytes_per_sm: int, wl: Workload) -> tuple[tuple, tuple]:
@@ -177,10 +189,14 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
         fwd, notes = resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, FlashBlocks(m.block_q, m.block_kv), need)
         bwd = (fwd.block_q if m.block_q_bwd == AUTO else m.block_q_bwd,
                fwd.block_kv if m.block_kv_bwd == AUTO else m.block_kv_bwd)
-        return replace(m, block_q=fwd.block_q, block_kv=fwd.block_kv, block_q_bwd=bwd[0], block_kv_bwd=bwd[1]), notes
+        return replace(m, block_q=fwd.block_q, block_kv=fwd.block_kv, block_q_bwd=bwd[0], block_kv_bwd=bwd[1],
+                       warps=4 if m.warps == AUTO else m.warps,
+                       warps_bwd=4 if m.warps_bwd == AUTO else m.warps_bwd), notes
     kernel_fwd, kernel_bwd = fa2_kernel_blocks(gpu.sram_bytes_per_sm, wl)
+    warps = fa2_kernel_warps(gpu.sram_bytes_per_sm, wl)
     notes: list = []
-    out = {}
+    out = {"warps": warps[0] if m.warps == AUTO else m.warps,
+           "warps_bwd": warps[1] if m.warps_bwd == AUTO else m.warps_bwd}
     for key, kernel, seq_field in (("block_q", kernel_fwd[0], "seq_len_q"), ("block_kv", kernel_fwd[1], "seq_len_kv"),
                                    ("block_q_bwd", kernel_bwd[0], "seq_len_q"),
                                    ("block_kv_bwd", kernel_bwd[1], "seq_len_kv")):
@@ -241,5 +257,6 @@ def _describe(m: Flash2Blocks) -> str:
 SPEC = register(AlgorithmSpec(
     name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=Flash2Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"), variants=(FA2_KERNEL, PAPER),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd"),
+    variants=(FA2_KERNEL, PAPER),
     match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True))

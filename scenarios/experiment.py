@@ -216,7 +216,10 @@ def load_experiment(ref: str | Path) -> Experiment:
             at = where + (f" (sweep {label})" if label else "")
             if not isinstance(ref, str):
                 raise HbmsimError(f"{at}: field 'hardware' = {ref!r} must be a preset name or a path")
-            gpu = resolve_hardware(ref, path.parent)
+            try:
+                gpu = resolve_hardware(ref, path.parent)
+            except HbmsimError as err:
+                raise HbmsimError(f"{at}: {err}") from None
             if overrides:
                 gpu = gpu.with_overrides(overrides, f"{where} [hardware_overrides]")   # re-validated
             if hw_point:

@@ -83,15 +83,17 @@ class Machine:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
         work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
-        if not work_s < math.inf:
+        pipe = self.sms[ctx.sm]
+        if not max(pipe.free_at_s, self.env.now) + work_s < math.inf:
             self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
                            f"flop and {sram_bytes} SRAM bytes")
-        return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
+        return pipe.reserve(work_s)      # when this SM's pipe will have done it
 
     def _too_slow(self, what: str):
         g = self.gpu
         raise HbmsimError(f"{what} is too long for simulated time to count (floats end near 1e308 s or cycles): "
-                          f"a rate is too small or the latency too large (hbm_latency_s = {g.hbm_latency_s!r}, "
+                          f"a rate is too small, the latency or clock too large (clock_hz = {g.clock_hz!r}, "
+                          f"hbm_latency_s = {g.hbm_latency_s!r}, "
                           f"matmul_flops_per_s = {g.matmul_flops_per_s!r}, vector_flops_per_s = "
                           f"{g.vector_flops_per_s!r}, sram_bytes_per_s_per_sm = {g.sram_bytes_per_s_per_sm!r}, "
                           f"hbm_bytes_per_s = {g.hbm_bytes_per_s!r}, l2_bytes_per_s = {g.l2_bytes_per_s!r})")

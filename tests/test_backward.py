@@ -116,19 +116,25 @@ workloads = st.builds(
     dropout=st.sampled_from([0.0, 0.1]))
 
 
+# Blocks and tiles from 4 up: a 1 x 1 tile over N = 300 is millions of simulated steps (minutes of
+# wall time for one example); tiny blocks are covered on tiny shapes in test_tiny_blocks_and_tiles.
+BLOCKS = st.integers(4, 130)
+TILES = st.integers(4, 130)
+
+
 def counted_backward(prog):
     return {name: (t.read, t.write) for name, t in simulate(GPU, prog).tensors("backward").items()}
 
 
 @settings(max_examples=25, deadline=None)
-@given(workloads, st.integers(1, 130), st.integers(1, 130))
+@given(workloads, BLOCKS, BLOCKS)
 def test_flash_backward_counts_equal_closed_form(wl, bq, bkv):
     assert counted_backward(flash1_training(wl, bq, bkv)) == F.flash1_backward_io(wl, bq, bkv)
     assert counted_backward(flash2_training(wl, bq, bkv)) == F.flash2_backward_io(wl, bq, bkv)
 
 
 @settings(max_examples=20, deadline=None)
-@given(workloads, st.integers(1, 130), st.integers(1, 130), st.integers(1, 130))
+@given(workloads, TILES, TILES, TILES)
 def test_standard_backward_counts_equal_closed_form(wl, tm, tn, tk):
     prog = standard_training(wl, None, (tm, tn, tk))
     assert counted_backward(prog) == F.standard_backward_io(wl, (tm, tn, tk))
@@ -191,3 +197,18 @@ def test_each_pass_is_credited_with_its_own_dram_writes():
     assert [k.name for k in train.kernels if k.name == "l2_writeback"] == ["l2_writeback"] * 2
     # backward's own DRAM writes: dQ, dK, dV (storage dtype) and D, dQ_accum (fp32), all dirty at the end
     assert train.total("hbm_write", "backward") == 8 * 128 * 32 * (3 * 2 + 4) + 8 * 128 * 4
+
+
+@pytest.mark.parametrize("blocks", [(1, 1), (1, 3), (2, 1)])
+def test_tiny_blocks_and_tiles(blocks):
+    """Blocks and tiles of one or two rows, on a ragged tiny workload with every mask."""
+    wl = Workload(1, 2, 5, 4, 3, causal=True, key_padding_mask=True, dropout=0.1)
+    bq, bkv = blocks
+    assert counted_backward(flash1_training(wl, bq, bkv)) == F.flash1_backward_io(wl, bq, bkv)
+    assert counted_backward(flash2_training(wl, bq, bkv)) == F.flash2_backward_io(wl, bq, bkv)
+    tile = (bq, bkv, 1)
+    assert counted_backward(standard_training(wl, None, tile)) == F.standard_backward_io(wl, tile)
+    fwd = lambda prog: {n: (t.read, t.write) for n, t in simulate(GPU, prog).tensors("forward").items()}
+    assert fwd(flash1_training(wl, bq, bkv)) == F.flash1_forward_io(wl, bq, bkv)
+    assert fwd(flash2_training(wl, bq, bkv)) == F.flash2_forward_io(wl, bq, bkv)
+    assert fwd(standard_training(wl, None, tile)) == F.standard_forward_io(wl, tile)

