@@ -64,7 +64,8 @@ def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
             try:
                 check_program(cfg.gpu, build_program(cfg))
             except HbmsimError as err:
-                raise HbmsimError(f"{cfg.where}: {mapping_text(mp)}: {err}") from None
+                given = ", ".join(f"{k} = {v}" for k, v in cfg.run.params.items())    # what the user set
+                raise HbmsimError(f"{cfg.where}: {given or mapping_text(mp)}: {err}") from None
             checked[key] = True
         configs.append(cfg)
         if progress:

@@ -59,7 +59,7 @@ BAD = [
     (GOOD.replace('hardware = "a100-sxm4-40gb"', 'hardware = "b200"'), "hardware 'b200' is neither a preset"),
     (GOOD + "[hardware_overrides]\nwarp_size = 32\n", "unknown hardware field 'warp_size'"),
     (GOOD + "[hardware_overrides]\nhbm_bytes_per_s = -1.0\n", "field 'hbm_bytes_per_s' = -1.0 must be > 0"),
-    (GOOD + "[sweep]\nwarps = [1, 2]\n", "[sweep]: 'warps' names neither a workload, a run nor a hardware field"),
+    (GOOD + "[sweep]\nwarpz = [1, 2]\n", "[sweep]: 'warpz' names neither a workload, a run nor a hardware field"),
     (GOOD + "[sweep]\nseq_len = 128\n", "[sweep]: 'seq_len' = 128 must be a non-empty list"),
     (GOOD.replace("block_kv = 32", 'block_kv = 32\npasses = ["sideways"]'),
      "field 'passes' has 'sideways'; supported: forward, backward"),
