@@ -220,6 +220,35 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from . import validate as V
+    from .published import measured_names
+    if args.plot:
+        check_output_path(check_plot_path(args.plot), "--plot")
+    if args.json:
+        check_output_path(args.json, "--json")
+    refs = args.files or measured_names()
+    points: list = []
+    try:
+        V.validate(refs, args.only, args.max_seq_len, None if args.quiet else V.stderr_progress, points)
+    except KeyboardInterrupt:
+        if points:
+            print(V.report(points, refs) + f"\n(partial: interrupted after {len(points)} run(s))")
+        if args.json and points:
+            write_text_atomic(args.json, V.to_json(points, complete=False))
+        raise Interrupted(f"validate interrupted after {len(points)} run(s)") from None
+    print(V.report(points, refs))
+    if args.json:
+        write_text_atomic(args.json, V.to_json(points, complete=True))
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        from .compare import load
+        from .published import resolve_measured
+        source = "; ".join(str(load(resolve_measured(r)).provenance.get("citation", r))[:90] for r in refs)
+        print(f"wrote {V.plot(points, args.plot, 'published measurement: ' + source)}", file=sys.stderr)
+    return 0
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the project's one-line errors (and exit code 2)."""
 
@@ -289,6 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("measured", help="a measurement file: `hbmsim emulate` (emulated) or `hbmsim profile` (measured)")
     c.add_argument("--plot", metavar="PNG", help="draw predicted against measured traffic (log axes, y = x)")
     c.set_defaults(func=cmd_compare)
+    v = sub.add_parser("validate", help="predicted time against published measurements (scenarios/measured/)")
+    v.add_argument("files", nargs="*", metavar="FILE|NAME",
+                   help="measured files (a path, or a shipped name such as fa2-paper-fwd-bwd; default: all shipped)")
+    v.add_argument("--only", metavar="TEXT", help="keep runs whose implementation, program, variant, GPU or pass "
+                   "contains TEXT (e.g. fa2, h100-sxm5-80gb)")
+    v.add_argument("--max-seq-len", type=count(1), metavar="N", help="keep runs with a sequence length of at most N")
+    v.add_argument("--plot", metavar="PNG", help="predicted against published time, log axes, y = x")
+    v.add_argument("--json", metavar="PATH", help="write every point (predicted, measured, error) to PATH")
+    v.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    v.set_defaults(func=cmd_validate)
     return p
 
 

@@ -75,7 +75,7 @@ def load(path: str | Path) -> ResultsFile:
     seen: dict = {}
     for i, r in enumerate(runs):
         _check_run(p, i, r, source)
-        first = seen.setdefault(run_key(r), i)
+        first = seen.setdefault((run_key(r), r.get("hardware")), i)     # one file may hold several GPUs
         if first != i:
             one = "one prediction" if source == "predicted" else "one measurement"
             raise HbmsimError(f"{p}: runs[{first}] and runs[{i}] are the same configuration ({describe(r)}): "
@@ -169,7 +169,7 @@ def describe(r: dict) -> str:
     nq, nk = w.get("seq_len_q", w.get("seq_len")), w.get("seq_len_kv", w.get("seq_len"))
     text = (f"{r.get('algorithm')} {w.get('dtype')} B={w.get('batch')} H={w.get('heads')} N={nq}x{nk} "
             f"d={w.get('head_dim')}")
-    if _match_fields(r):
+    if any(r.get(f) is not None for f in _match_fields(r)):
         text += " " + "x".join(str(r.get(f)) for f in _match_fields(r))
     return text + (" causal" if w.get("causal") else "")
 

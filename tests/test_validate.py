@@ -1,0 +1,102 @@
+"""Published measurements as measured files, and `hbmsim validate` against them."""
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from hbmsim.algorithms import registry
+from hbmsim.scenarios.cli import main
+from hbmsim.scenarios.compare import load
+from hbmsim.scenarios.experiment import preset_names
+from hbmsim.scenarios.published import MEASURED_DIR, convert_fa2_paper_csv
+from hbmsim.scenarios.validate import Point, family_stats
+
+SHIPPED = MEASURED_DIR / "fa2-paper-fwd-bwd.json"
+CSV = Path(__file__).resolve().parents[2] / "shared" / "published" / "fa2-paper-fwd-bwd.csv"
+# One A100 FA2 configuration and its four shapes at N = 512 (head dim 64 and 128, causal or not).
+SUBSET = ["validate", "fa2-paper-fwd-bwd", "--only", "fa2 flash2 fa2-kernel a100", "--max-seq-len", "512", "--quiet"]
+
+
+@pytest.mark.skipif(not CSV.is_file(), reason="../shared/published is not beside this checkout")
+def test_shipped_file_is_the_conversion_of_the_published_csv():
+    assert json.loads(SHIPPED.read_text()) == convert_fa2_paper_csv(CSV)
+
+
+def test_every_published_run_names_a_program_variant_and_preset_that_reproduce_it():
+    f = load(SHIPPED)                        # the compare schema's checks: numbers, duplicates
+    assert f.source == "published" and "arXiv 2307.08691" in f.provenance["citation"]
+    assert {"gpu", "setup", "flop_convention"} <= set(f.provenance)
+    names = {a.name: a for a in registry.algorithms()}
+    assert len(f.runs) == 136
+    for r in f.runs:
+        assert r["source"] == "published" and r["hardware"] in preset_names()
+        assert r["variant"] in names[r["algorithm"]].variants
+    by_impl = {r["implementation"]: (r["algorithm"], r["variant"]) for r in f.runs}
+    assert by_impl == {"fa2": ("flash2", "fa2-kernel"), "fa1": ("flash1", "fa1-kernel"),
+                       "pytorch": ("standard", "pytorch-bench")}
+
+
+def test_time_follows_the_papers_flop_convention():
+    # A100, FA2, head dim 64, 32 heads, batch 32, N = 512, not causal, 132 TFLOPs/s:
+    # forward 4 N^2 d heads batch = 4 * 512^2 * 64 * 32 * 32 = 68.72 GFLOP; x 3.5 = 240.5 GFLOP;
+    # / 132e12 = 1.822 ms. Causal halves the FLOPs.
+    runs = load(SHIPPED).runs
+    r = next(r for r in runs if r["hardware"] == "a100-sxm4-80gb" and r["implementation"] == "fa2"
+             and r["workload"]["seq_len"] == 512 and r["workload"]["head_dim"] == 64 and not r["workload"]["causal"])
+    assert r["tflops_per_s"] == 132 and r["time_s"] == pytest.approx(3.5 * 4 * 512**2 * 64 * 32 * 32 / 132e12, rel=1e-4)
+    for r in runs:
+        w = r["workload"]
+        flops = 3.5 * 4 * w["seq_len"] ** 2 * w["head_dim"] * w["heads"] * w["batch"] / (2 if w["causal"] else 1)
+        assert r["time_s"] == pytest.approx(flops / (r["tflops_per_s"] * 1e12), rel=1e-3)
+        assert w["batch"] * w["seq_len"] == 16384 and w["heads"] * w["head_dim"] == 2048
+
+
+def test_validate_reports_families_and_plots(tmp_path, capsys):
+    png, out_json = tmp_path / "v.png", tmp_path / "v.json"
+    assert main(SUBSET + ["--plot", str(png), "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    points = json.loads(out_json.read_text())["points"]
+    assert len(points) == 4 and {p["seq_len"] for p in points} == {512}
+    for p in points:
+        assert p["error"] == pytest.approx((p["predicted_time_s"] - p["measured_time_s"]) / p["measured_time_s"])
+    errs = [p["error"] for p in points]
+    row = next(line for line in text.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
+    # n, median |e|, worst |e|, signed median over every N; no run with N >= 1024 in this subset
+    assert row.split()[3:7] == ["4", f"{100 * statistics.median(abs(e) for e in errs):.0f}%",
+                                f"{100 * max(abs(e) for e in errs):.0f}%",
+                                f"{100 * statistics.median(errs):+.0f}%" if statistics.median(errs) < 0
+                                else f"{100 * statistics.median(errs):.0f}%"]
+    assert png.stat().st_size > 10000
+
+
+def test_family_stats_by_hand():
+    fam = ("fa2", "a100-sxm4-80gb", "forward+backward")
+    pts = [Point(fam, 512, "a", 0.5, 1.0), Point(fam, 1024, "b", 0.8, 1.0), Point(fam, 2048, "c", 1.3, 1.0)]
+    # errors -0.5, -0.2, +0.3: median |e| 0.3, worst 0.5, signed median -0.2; N >= 1024: -0.2, +0.3
+    (n, med, worst, signed) = family_stats(pts)[fam]["all"]
+    assert (n, med, worst, signed) == (3, pytest.approx(0.3), pytest.approx(0.5), pytest.approx(-0.2))
+    (n, med, worst, signed) = family_stats(pts)[fam]["long"]
+    assert (n, med, worst, signed) == (2, pytest.approx(0.25), pytest.approx(0.3), pytest.approx(0.05))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("hardware"), "missing field 'hardware'"),
+    (lambda r: r.update(variant="fa9-kernel"), "field 'variant' = 'fa9-kernel' must be one of fa2-kernel, paper"),
+    (lambda r: r.update(time_s=-1.0), "field 'time_s' = -1.0 must be a finite number > 0"),
+    (lambda r: r.update(hardware="b200"), "hardware 'b200' is neither a preset"),
+])
+def test_bad_measured_file_is_one_line(tmp_path, capsys, change, message):
+    doc = json.loads(SHIPPED.read_text())
+    doc["runs"] = doc["runs"][:1]
+    change(doc["runs"][0])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_nothing_left_to_validate_is_one_line(capsys):
+    assert main(["validate", "fa2-paper-fwd-bwd", "--only", "no-such-thing"]) == 2
+    assert "no run left to simulate" in capsys.readouterr().err
