@@ -244,7 +244,7 @@ def cmd_validate(args) -> int:
     if args.plot:
         from .compare import load
         from .published import resolve_measured
-        source = "; ".join(str(load(resolve_measured(r)).provenance.get("citation", r))[:90] for r in refs)
+        source = "; ".join(str(load(resolve_measured(r)).provenance.get("short", r)) for r in refs)
         print(f"wrote {V.plot(points, args.plot, 'published measurement: ' + source)}", file=sys.stderr)
     return 0
 

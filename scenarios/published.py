@@ -28,6 +28,7 @@ FA2_PAPER_IMPLEMENTATIONS = {
 }
 
 FA2_PAPER_PROVENANCE = {
+    "short": "FlashAttention-2 paper (Dao 2023, arXiv 2307.08691), Fig. 4 (A100) and Fig. 7 (H100)",
     "citation": "Tri Dao, FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning, "
                 "arXiv 2307.08691 (2023): Fig. 4 (A100 80GB SXM4) and Fig. 7 (H100 80GB SXM5), forward + backward; "
                 "benchmark code benchmarks/benchmark_flash_attention.py in Dao-AILab/flash-attention",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,11 @@ def plot(points: list, path: str | Path, source: str) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 6.5))
+    fig, ax = plt.subplots(figsize=(7.5, 7))
     colours = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
     markers = ("o", "s", "^", "D", "v", "P")
     impls = list(dict.fromkeys(p.family[0] for p in points))
@@ -166,7 +168,13 @@ def plot(points: list, path: str | Path, source: str) -> Path:
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
-           ylabel="published measurement (ms)", title=f"Time per run: predicted vs published\n{source}")
+           ylabel="published measurement (ms)")
+    ax.set_title("Time per run: predicted by hbmsim vs published measurement\n" + textwrap.fill(source, 90),
+                 fontsize=9)
+    for axis in (ax.xaxis, ax.yaxis):           # ticks at 1, 2, 5 x 10^k, written as plain numbers
+        axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
