@@ -60,6 +60,3 @@ def flash_steps(wl, blocks: FlashBlocks, training: bool) -> int:
     steps = wl.groups * math.ceil(wl.seq_len_q / blocks.block_q) * math.ceil(wl.seq_len_kv / blocks.block_kv)
     return steps * (3 if training else 1)
 
-
-def describe_blocks(blocks: FlashBlocks) -> str:
-    return f"{blocks.block_q}x{blocks.block_kv}"

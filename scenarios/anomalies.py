@@ -31,11 +31,6 @@ def programs(bq: int, bkv: int) -> dict:
     return out
 
 
-def resolved(spec, gpu: GPU, wl: Workload, mapping, training: bool):
-    """The mapping with what the trial left "auto" (e.g. backward blocks) resolved for `gpu`."""
-    return spec.resolved(gpu, wl, mapping, training)[0]
-
-
 def with_sms(gpu: GPU, sm_count: int) -> GPU:
     """The same GPU with more or fewer SMs of the same kind (per-SM rates unchanged)."""
     f = sm_count / gpu.sm_count
@@ -55,7 +50,7 @@ def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -
         bq, bkv = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
         more_sms = gpu.sm_count + rng.randint(1, 20)
         for name, (spec, mapping, training) in programs(bq, bkv).items():
-            mapping = resolved(spec, gpu, wl, mapping, training)
+            mapping = spec.resolved(gpu, wl, mapping, training)[0]     # what the trial left "auto"
             build = lambda: spec.build(wl, mapping, None, training)      # a fresh program per run
             t0 = simulate(gpu, build()).time_s
             t_bw = simulate(dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s), build()).time_s

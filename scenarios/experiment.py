@@ -98,18 +98,24 @@ def resolve_hardware(ref: str, base_dir: Path | None = None) -> GPU:
     raise HbmsimError(f"hardware '{ref}' is neither a preset ({', '.join(preset_names())}) nor a file")
 
 
-def resolve_experiment(ref: str) -> Path:
+def resolve_shipped(ref: str, folder: Path, suffix: str, what: str, give: str) -> Path:
+    """A file the user names: a path, or the name of one shipped in `folder` (NAME + suffix).
+    A shipped name wins over a folder of the same name in the current directory."""
     p = Path(ref)
     if p.is_file():
         return p
-    shipped = EXPERIMENTS_DIR / f"{ref}.toml"
+    shipped = folder / f"{ref}{suffix}"
     if shipped.is_file():
         return shipped
     if p.is_dir():
-        raise HbmsimError(f"experiment '{ref}' is a folder: "
-                          "give an experiment TOML file or a shipped experiment's name")
-    raise HbmsimError(f"experiment '{ref}' not found (a file, or one of: "
-                      f"{', '.join(sorted(q.stem for q in EXPERIMENTS_DIR.glob('*.toml')))})")
+        raise HbmsimError(f"{what} '{ref}' is a folder: give {give}")
+    raise HbmsimError(f"{what} '{ref}' not found (a file, or one of: "
+                      f"{', '.join(sorted(q.stem for q in folder.glob('*' + suffix)))})")
+
+
+def resolve_experiment(ref: str) -> Path:
+    return resolve_shipped(ref, EXPERIMENTS_DIR, ".toml", "experiment",
+                           "an experiment TOML file or a shipped experiment's name")
 
 
 def _read(ref: str | Path) -> tuple[Path, dict]:

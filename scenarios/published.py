@@ -76,13 +76,9 @@ def measured_names() -> list[str]:
 
 def resolve_measured(ref: str) -> Path:
     """A measured file: a path, or a shipped file's name (scenarios/measured/NAME.json)."""
-    p = Path(ref)
-    if p.is_file():
-        return p
-    shipped = MEASURED_DIR / f"{ref}.json"
-    if shipped.is_file():
-        return shipped
-    raise HbmsimError(f"measured file '{ref}' not found (a file, or one of: {', '.join(measured_names())})")
+    from .experiment import resolve_shipped
+    return resolve_shipped(ref, MEASURED_DIR, ".json", "measured file",
+                           "a measured JSON file or a shipped measured file's name")
 
 
 def write_fa2_paper(csv_path: str | Path, out: str | Path = MEASURED_DIR / "fa2-paper-fwd-bwd.json") -> Path:

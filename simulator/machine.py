@@ -83,11 +83,11 @@ class Machine:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
         work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
-        pipe = self.sms[ctx.sm]
-        if not max(pipe.free_at_s, self.env.now) + work_s < math.inf:
+        try:
+            return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
+        except HbmsimError:                              # the pipe's clock left the float range
             self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
                            f"flop and {sram_bytes} SRAM bytes")
-        return pipe.reserve(work_s)      # when this SM's pipe will have done it
 
     def _too_slow(self, what: str):
         g = self.gpu

@@ -140,11 +140,6 @@ class FifoPipe:
         self.busy_s = 0.0
         self.served = 0.0
 
-    @property
-    def free_at_s(self) -> float:
-        """When the requests queued so far will have been served."""
-        return self._free_at_s
-
     def reserve(self, amount: float) -> float:
         """Queue a request without an event of its own; returns when it will be served."""
         now = self.env.now
