@@ -57,7 +57,10 @@ def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
         if qkvo_bytes > cfg.gpu.hbm_capacity_bytes:
             raise HbmsimError(f"{cfg.where}: Q, K, V and O alone need {qkvo_bytes} bytes of HBM, more than "
                               f"hbm_capacity_bytes = {cfg.gpu.hbm_capacity_bytes} on {cfg.gpu.name}")
-        mp, notes = resolve_mapping(cfg)
+        try:
+            mp, notes = resolve_mapping(cfg)
+        except HbmsimError as err:                 # e.g. a variant that does not support the head dim
+            raise HbmsimError(f"{cfg.where}: {err}") from None
         cfg = dataclasses.replace(cfg, mapping=mp, notes=notes)
         key = (cfg.gpu, cfg.workload, cfg.run.algorithm, cfg.run.passes, mp)
         if key not in checked:
