@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, input_tensors, load_kv_len, masked_scores, online_softmax_update,
                      online_softmax_vector_flops, output, scaled_keep_mask)
@@ -63,10 +64,11 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 q, o, l, m = yield from ctx.load_tiles((Q[g], rows, all_cols), (O[g], rows, all_cols),
                                                        (L[g], rows, one), (M[g], rows, one))
                 # matmul: S = Q_i K_j^T and P V_j, 2*n*nc*d each (a multiply-add is 2 FLOPs); vector: the
-                # online softmax of the n x nc tile plus rescaling O_i (2*n*d); SRAM: Q_i, K_j, V_j read once.
+                # online softmax of the n x nc tile plus rescaling O_i (2*n*d), with an exp per score and
+                # two per row (exp(m_old - m_new), exp(m_tile - m_new)); SRAM: Q_i, K_j, V_j read once.
                 yield from ctx.compute(matmul_flops=4 * n * nc * d,
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=(n + 2 * nc) * d * itemsize)
+                                       sram_bytes=(n + 2 * nc) * d * itemsize, exp_ops=n * nc + 2 * n)
                 if numeric:
                     o, l, m = online_softmax_update(masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1), v, o,
                                                     l[:, 0], m[:, 0], None if keep is None else keep[g, r0:r1, c0:c1])
@@ -74,7 +76,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
     launches = [
         Launch("flash1_init", g_count * tr, 0, init_block, allocs=(O, L, M)),
-        Launch("flash1_fwd", g_count, flash1_sram_bytes(wl, block_q, block_kv), block),
+        Launch("flash1_fwd", g_count, flash1_sram_bytes(wl, block_q, block_kv), block, tensor_op=MMA_SYNC),
     ]
     return Program("flash1_forward", launches, inputs=tuple(tensors.values()), outputs={"O": O, "l": L, "m": M})
 

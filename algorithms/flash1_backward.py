@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, tile_grads
 from .common import finite_or_zero, load_kv_len, masked_scores, scaled_keep_mask
@@ -72,7 +73,8 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                 # D_i = rowsum(dO o O) (2*n*d); SRAM: Q, O, dO (n x d), K, V, dK-or-dV (nc x d), S/dS (n x nc).
                 yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                        vector_flops=bwd_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
+                                       sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize,
+                                       exp_ops=n * nc)        # recomputing P: an exp per score
                 if numeric:
                     s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
                     e_s = np.exp(s - finite_or_zero(m[:, 0])[:, None])
@@ -88,7 +90,8 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
 
     launches = list(fwd.launches) + [
         Launch("flash1_bwd_init", g_count, 0, init_block, allocs=(dO, dQ, dK, dV), pass_name="backward"),
-        Launch("flash1_bwd", g_count, flash1_bwd_sram_bytes(wl, block_q, block_kv), block, pass_name="backward"),
+        Launch("flash1_bwd", g_count, flash1_bwd_sram_bytes(wl, block_q, block_kv), block, pass_name="backward",
+               tensor_op=MMA_SYNC),
     ]
     return Program("flash1_training", launches, inputs=fwd.inputs,
                    outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})

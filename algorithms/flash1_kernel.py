@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
 from .common import (STATS_DTYPE, input_tensors, load_kv_len, masked_scores, online_softmax_update,
@@ -201,9 +202,10 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 # n x nc tile, plus 2*n*d to rescale the loaded o_tmp and normalise the output.
                 # SRAM: Q_i read from smem once (n*d*e) and the output staged through the fp32
                 # Smem_tile_o before its global store (n*d*4); K and V sit in registers.
+                # exps: one per score and two per row (the running max's rescales)
                 yield from ctx.compute(matmul_flops=4 * n * nc * d,
                                        vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=n * d * itemsize + n * d * 4)
+                                       sram_bytes=n * d * itemsize + n * d * 4, exp_ops=n * nc + 2 * n)
                 o_new = lse_new = None
                 if numeric:
                     if j == 0:
@@ -225,7 +227,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
 
     allocs = (O, LSE) + ((OT,) if loop else ())
     launch = Launch("fa1_fwd", g_count * S, fa1_kernel_sram_bytes(wl, block_kv, False), block,
-                    allocs=allocs, frees=(OT,) if loop else ())
+                    allocs=allocs, frees=(OT,) if loop else (), tensor_op=MMA_SYNC)
     return Program("flash1_kernel_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 
@@ -269,7 +271,8 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         # Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from smem (2*nc*d*e).
         yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
-                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * itemsize)
+                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
+                               exp_ops=n * nc)                # recomputing P: an exp per score
         if not numeric:
             return None, None, None
         p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
@@ -361,12 +364,14 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
             Launch("fa1_bwd_zero_dq_tmp", g_count * n_chunks, 0, zero_dq_tmp, allocs=(dO, DQT, dQ, dK, dV),
                    pass_name="backward"),
             Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward"),
-            Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward"),
+            Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward",
+                   tensor_op=MMA_SYNC),
             Launch("fa1_bwd_convert_dq", g_count * n_chunks, 0, convert_dq, frees=(DQT, D), pass_name="backward"),
         ]
     else:
         allocs = (dO, D, dQ, dK, dV) + ((DQT,) if DQT is not None else ())
         frees = (D,) + ((DQT,) if DQT is not None else ())
-        bwd = [Launch("fa1_bwd", g_count, sram, bwd_loop, allocs=allocs, frees=frees, pass_name="backward")]
+        bwd = [Launch("fa1_bwd", g_count, sram, bwd_loop, allocs=allocs, frees=frees, pass_name="backward",
+                      tensor_op=MMA_SYNC)]
     return Program("flash1_kernel_training", list(fwd.launches) + bwd, inputs=fwd.inputs,
                    outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})

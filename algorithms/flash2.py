@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, scaled_keep_mask)
@@ -67,9 +68,10 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             c1, nc = cols.stop, cols.stop - c0
             (k,) = yield from ctx.wait(k_next)
             v_next = ctx.prefetch((V[g], cols, all_cols))
-            # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax; Q_i and K_j from SRAM
+            # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
+            # per score and one per row (the rescale exp(m_old - m_new)); Q_i and K_j from SRAM
             yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                   sram_bytes=(n + nc) * d * itemsize)
+                                   sram_bytes=(n + nc) * d * itemsize, exp_ops=n * nc + n)
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -98,7 +100,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             lse_tile[pos, 0] = m[pos] + np.log(l[pos])
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
-    launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE))
+    launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),
+                    tensor_op=MMA_SYNC)
     return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
 from .common import STATS_DTYPE, block_rows, load_kv_len, scaled_keep_mask
@@ -85,8 +86,9 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                                                            (LSE[g], rows, one), (D[g], rows, one))
             # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
             # dQ += dS K, dK += dS^T Q
+            # (recomputing P takes an exp per score)
             yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
-                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize)
+                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize, exp_ops=n * nc)
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
@@ -106,7 +108,7 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     launches = list(fwd.launches) + [
         Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward"),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
-               pass_name="backward"),
+               pass_name="backward", tensor_op=MMA_SYNC),
         Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
                pass_name="backward"),
     ]

@@ -174,7 +174,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
     def softmax_block(ctx, index):
         g, rows = panel(index)
         s = yield from load_panel(ctx, S, g, rows, s_chunks)
-        yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * s_size(rows))
+        yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * s_size(rows), exp_ops=s_size(rows))   # 1 exp each
         p = None
         if numeric:
             mx = s.max(axis=1, keepdims=True)

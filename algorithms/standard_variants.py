@@ -75,8 +75,9 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
 
 
 def panel_launch(name: str, wl: Workload, panel, reads: list, writes: list, fn, flops: int,
-                 pass_name: str = "forward", allocs=(), frees=()) -> Launch:
-    """An elementwise / row-wise kernel over N x N matrices in standard.py's row panels.
+                 pass_name: str = "forward", allocs=(), frees=(), exps: int = 0) -> Launch:
+    """An elementwise / row-wise kernel over N x N matrices in standard.py's row panels; `flops`
+    vector operations per element, `exps` of them exps (softmax: 1).
     reads: (tensor, group_of(g), column chunks); writes: (tensor, column chunks).
     fn(g, rows, [read panels]) -> [write panels] (numeric mode only)."""
     nk = wl.seq_len_kv
@@ -88,7 +89,8 @@ def panel_launch(name: str, wl: Workload, panel, reads: list, writes: list, fn, 
             tiles += [(T[gsel(g)], rows, c) for c in chunks]
             spans.append(len(chunks))
         got = yield from ctx.load_tiles(*tiles)
-        yield from ctx.compute(vector_flops=flops * (rows.stop - rows.start) * nk)
+        elements = (rows.stop - rows.start) * nk
+        yield from ctx.compute(vector_flops=flops * elements, exp_ops=exps * elements)
         vals = [None] * len(writes)
         if got[0] is not None:
             arrays, i = [], 0
@@ -200,7 +202,7 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
             yield from mask_panel(ctx, wl, data, T, g, rows, sc, None, KPM, -np.inf)
         L.append(Launch("mask_padding", g_count * panel.count, 0, pad_block))
     L.append(panel_launch("softmax", wl, panel, [(cur, _same, sc)], [(P, pc)], lambda g, r, a: [_softmax(a[0])],
-                          SOFTMAX_VECTOR_FLOPS, allocs=(P,), frees=(cur,)))
+                          SOFTMAX_VECTOR_FLOPS, allocs=(P,), exps=1, frees=(cur,)))
     P_used, DM = _dropout_fwd(wl, data, panel, L, P, wl.dtype)
     L.append(copy_launch("einsum_copy_v", [(V, Vr, False, None)], tr, allocs=(Vr,)))
     L.append(gemm_launch("bmm_pv", P_used, Vr, O, False, gemm_tile, allocs=(O,)))
@@ -322,7 +324,7 @@ def _attention_ref(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
         L.append(panel_launch("mask_causal", wl, panel, [(S, _same, sc), (CM, _zero, sc)], [(S, sc)],
                               lambda g, r, a: [np.where(a[1] > 0, -np.inf, a[0])], 1))
     L.append(panel_launch("softmax", wl, panel, [(S, _same, sc)], [(P, pc)], lambda g, r, a: [_softmax(a[0])],
-                          SOFTMAX_VECTOR_FLOPS, allocs=(P,), frees=(S,)))
+                          SOFTMAX_VECTOR_FLOPS, allocs=(P,), exps=1, frees=(S,)))
     dropout = wl.dropout > 0
     P_used = P
     DMn = None
@@ -481,13 +483,13 @@ def _megatron(wl: Workload, data: AttentionData | None, gemm_tile: tuple, traini
         L.append(panel_launch("scaled_masked_softmax" if AM is not None else "scaled_softmax", wl, panel, reads,
                               [(P, pc)],
                               lambda g, r, a: [_softmax(np.where(a[1] > 0, -np.inf, a[0]) if len(a) > 1 else a[0])],
-                              SOFTMAX_VECTOR_FLOPS + 1, allocs=(P,), frees=(S,)))
+                              SOFTMAX_VECTOR_FLOPS + 1, allocs=(P,), frees=(S,), exps=1))
     else:
         if AM is not None:
             L.append(panel_launch("mask_fill", wl, panel, [(S, _same, sc), (AM, am_group, sc)], [(S, sc)],
                                   lambda g, r, a: [np.where(a[1] > 0, -np.inf, a[0])], 1))
         L.append(panel_launch("softmax", wl, panel, [(S, _same, sc)], [(P, pc)], lambda g, r, a: [_softmax(a[0])],
-                              SOFTMAX_VECTOR_FLOPS, allocs=(P,), frees=(S,)))
+                              SOFTMAX_VECTOR_FLOPS, allocs=(P,), exps=1, frees=(S,)))
     P_used, DM = _dropout_fwd(wl, data, panel, L, P, wl.dtype)
     L.append(gemm_launch("bmm_pv", P_used, V, ctxt, False, gemm_tile, allocs=(ctxt,)))
     L.append(copy_launch("context_contiguous", [(ctxt, O, False, None)], tr, allocs=(O,), frees=(ctxt,)))
@@ -533,7 +535,8 @@ def _upper_triang_fwd(wl, panel, S, P) -> Launch:
         g, rows = panel(index)
         got = yield from ctx.load_tiles(*[(S[g], slice(i, i + 1), slice(0, i + 1))
                                           for i in range(rows.start, rows.stop)])
-        yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * (rows.stop - rows.start) * nk)
+        yield from ctx.compute(vector_flops=SOFTMAX_VECTOR_FLOPS * (rows.stop - rows.start) * nk,
+                               exp_ops=(rows.stop - rows.start) * nk)      # one exp per element
         p = None
         if got[0] is not None:
             p = np.zeros((rows.stop - rows.start, nk))

@@ -31,13 +31,6 @@ def programs(bq: int, bkv: int) -> dict:
     return out
 
 
-def with_sms(gpu: GPU, sm_count: int) -> GPU:
-    """The same GPU with more or fewer SMs of the same kind (per-SM rates unchanged)."""
-    f = sm_count / gpu.sm_count
-    return dataclasses.replace(gpu, sm_count=sm_count, matmul_flops_per_s=gpu.matmul_flops_per_s * f,
-                               vector_flops_per_s=gpu.vector_flops_per_s * f)
-
-
 def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -> dict:
     rng = random.Random(seed)
     cases = violations = 0
@@ -46,7 +39,7 @@ def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -
         wl = Workload(rng.randint(1, 3), rng.randint(1, 8), rng.randint(16, 600), rng.randint(16, 600),
                       rng.choice([32, 64, 128]), causal=rng.random() < 0.5)
         gpu = base if rng.random() < 0.5 else dataclasses.replace(base, l2_bytes=0, l2_bytes_per_s=0.0)
-        gpu = with_sms(gpu, rng.randint(4, 40))
+        gpu = gpu.with_sms(rng.randint(4, 40))
         bq, bkv = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
         more_sms = gpu.sm_count + rng.randint(1, 20)
         for name, (spec, mapping, training) in programs(bq, bkv).items():
@@ -54,7 +47,7 @@ def measure(base: GPU, trials: int = 40, seed: int = 1, progress: bool = True) -
             build = lambda: spec.build(wl, mapping, None, training)      # a fresh program per run
             t0 = simulate(gpu, build()).time_s
             t_bw = simulate(dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s), build()).time_s
-            t_sm = simulate(with_sms(gpu, more_sms), build()).time_s
+            t_sm = simulate(gpu.with_sms(more_sms), build()).time_s
             for what, t in (("1.5x bandwidth", t_bw), (f"{gpu.sm_count} -> {more_sms} SMs", t_sm)):
                 cases += 1
                 if t > t0 * (1 + 1e-9):

@@ -6,8 +6,9 @@ from .machine import Machine, check_program, program_footprint_bytes, simulate
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult, TensorTraffic
 from .tensor import DTYPE_BYTES, Tensor, TensorView
+from .time_model import BASELINE, TimeModel
 
 __all__ = ["HbmsimError", "GPU", "gpu_from_dict", "load_gpu", "BlockContext", "Launch", "Machine",
            "Program", "check_program", "program_footprint_bytes", "simulate", "KernelResult", "SimResult",
            "TensorTraffic", "DTYPE_BYTES",
-           "Tensor", "TensorView"]
+           "Tensor", "TensorView", "TimeModel", "BASELINE"]

@@ -18,7 +18,11 @@ from .errors import HbmsimError
 # Fields that must be whole numbers (sizes and counts).
 INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm")
 # Fields that may be zero: no L2 modelled.
-ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s")
+# Fields that may be zero: no L2 modelled; a rate of the time model (time_model.py) the preset
+# does not give, which switches that effect off for this GPU.
+ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "mma_sync_fraction", "sfu_ops_per_clk_per_sm")
+# Fractions of a peak: at most 1.
+FRACTION_FIELDS = ("hbm_stream_fraction", "mma_sync_fraction")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class GPU:
     l2_bytes: int = 0                 # 0 = no L2 modelled
     l2_bytes_per_s: float = 0.0       # L2 hit bandwidth, whole GPU
     max_blocks_per_sm: int = 32       # resident thread blocks per SM (compute capability limit)
+    # The time model's numbers (time_model.py); 0 = not given, the effect is off on this GPU.
+    hbm_stream_fraction: float = 0.0      # of hbm_bytes_per_s, what a STREAM-like kernel reaches
+    mma_sync_fraction: float = 0.0        # of matmul_flops_per_s, what the warp-level mma.sync reaches
+    sfu_ops_per_clk_per_sm: float = 0.0   # special-function unit results (exp2) per clock per SM
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -55,11 +63,15 @@ class GPU:
             if 0 < value < sys.float_info.min:
                 raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be 0 or at least {sys.float_info.min!r} "
                                   "(smaller floats lose precision in every rate computed from them)")
-        for per_sm in ("matmul_flops_per_s", "vector_flops_per_s"):
+        for per_sm in self.SM_RATES:
             value = getattr(self, per_sm)
-            if value / self.sm_count < sys.float_info.min:
+            if value > 0 and value / self.sm_count < sys.float_info.min:
                 raise HbmsimError(f"{where}: field '{per_sm}' = {value!r} is too small: split over sm_count = "
                                   f"{self.sm_count} SMs it underflows below {sys.float_info.min!r}")
+        for f in FRACTION_FIELDS:
+            if getattr(self, f) > 1:
+                raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 "
+                                  "(a fraction of a peak)")
         if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:
             raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} "
                               "must be > 0 when l2_bytes > 0")
@@ -74,6 +86,14 @@ class GPU:
     @property
     def vector_flops_per_s_per_sm(self) -> float:
         return self.vector_flops_per_s / self.sm_count
+
+    # Whole-GPU compute rates: these grow with the number of SMs (per-SM rates are fixed by the SM design).
+    SM_RATES = ("matmul_flops_per_s", "vector_flops_per_s")
+
+    def with_sms(self, sm_count: int) -> "GPU":
+        """The same GPU with more or fewer SMs of the same kind (per-SM rates unchanged)."""
+        f = sm_count / self.sm_count
+        return dataclasses.replace(self, sm_count=sm_count, **{r: getattr(self, r) * f for r in self.SM_RATES})
 
     def with_overrides(self, overrides: dict, where: str = "hardware_overrides") -> "GPU":
         known = {f.name for f in dataclasses.fields(self)} - {"source"}

@@ -2,9 +2,10 @@
 
 - HBM: one SharedPool (bytes/s, fair share among transfers in flight) plus a fixed latency.
 - L2 (when l2_bytes > 0): a tile-granular write-back LRU; hits are served by an L2 FifoPipe.
-- Each SM: one FifoPipe of compute time. A `compute` call occupies it for the longest of its
-  tensor-core, vector and SRAM-read times at the SM's full rates (the three pipeline); the
-  blocks resident on the SM take turns in issue order.
+- Each SM: one FifoPipe of compute time. A `compute` call occupies it for as long as the time
+  model (time_model.py) says: its tensor-core, vector, SFU and SRAM-read times at the SM's
+  rates, added where they depend on each other and overlapped where they do not; the blocks
+  resident on the SM take turns in issue order.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
   robin over the SMs, then each freed slot takes the next block, like the hardware scheduler.
   Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block).
@@ -27,15 +28,17 @@ from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
 from .simpy_adapter import events_scheduled
+from .time_model import TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
 class LaunchState:
     """What one running launch's block slots share: the next block to hand out, how many slots
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained")
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "s_per_flop")
 
-    def __init__(self, env: simpy.Environment, running: int):
+    def __init__(self, env: simpy.Environment, running: int, s_per_flop: float = 0.0):
+        self.s_per_flop = s_per_flop     # tensor-core seconds per FLOP for this kernel's instruction
         self.next_block = 0
         self.running = running
         self.done = env.event()          # the last slot has run out of blocks
@@ -58,31 +61,32 @@ class LaunchState:
 
 
 class Machine:
-    def __init__(self, gpu: GPU, trace: Callable | None = None):
+    def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None):
         self.gpu = gpu
         self.trace = trace
+        self.model = TimeModel() if model is None else model
         self.env = simpy.Environment()
-        self.hbm = SharedPool(self.env, gpu.hbm_bytes_per_s, gpu.hbm_latency_s, "hbm_bytes_per_s")
+        self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
         self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
-        self._mm_rate = gpu.matmul_flops_per_s_per_sm
-        self._vec_rate = gpu.vector_flops_per_s_per_sm
-        self._sram_rate = gpu.sram_bytes_per_s_per_sm
+        self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
         self.writeback_bytes = 0      # dirty L2 evictions not yet sent to HBM
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
-    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int) -> float:
+    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int, exp_ops: int) -> float:
         k = ctx.kernel
         k.matmul_flops += matmul_flops
         k.vector_flops += vector_flops
+        k.exp_ops += exp_ops
         k.sram_read_bytes += sram_bytes
         if self.trace is not None:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
-                       f"compute matmul {matmul_flops} flop, vector {vector_flops} flop, SRAM reads {sram_bytes} B")
-        work_s = max(matmul_flops / self._mm_rate, vector_flops / self._vec_rate, sram_bytes / self._sram_rate)
+                       f"compute matmul {matmul_flops} flop, vector {vector_flops} flop ({exp_ops} exp), "
+                       f"SRAM reads {sram_bytes} B")
+        work_s = self.rates.compute_s(ctx._launch.s_per_flop, matmul_flops, vector_flops, exp_ops, sram_bytes)
         try:
             return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
         except HbmsimError:                              # the pipe's clock left the float range
@@ -105,6 +109,9 @@ class Machine:
     @staticmethod
     def slots_per_sm_of(gpu: GPU, launch: Launch) -> int:
         """Blocks of `launch` one SM holds at once; a block larger than SRAM is an error."""
+        if launch.tensor_op not in TENSOR_OPS:
+            raise HbmsimError(f"kernel {launch.name}: tensor_op = {launch.tensor_op!r} must be one of "
+                              f"{', '.join(TENSOR_OPS)}")
         if launch.sram_bytes > gpu.sram_bytes_per_sm:
             raise HbmsimError(
                 f"kernel {launch.name}: a block needs {launch.sram_bytes} bytes of SRAM, "
@@ -133,7 +140,7 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = LaunchState(env, n_workers)
+        state = LaunchState(env, n_workers, self.rates.s_per_flop[launch.tensor_op])
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
@@ -249,6 +256,7 @@ def check_program(gpu: GPU, program: Program) -> None:
                           f"on {gpu.name}")
 
 
-def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None) -> SimResult:
-    """Run `program` on a fresh machine built from `gpu`."""
-    return Machine(gpu, trace).run(program, max_events)
+def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
+             model: TimeModel | None = None) -> SimResult:
+    """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on)."""
+    return Machine(gpu, trace, model).run(program, max_events)

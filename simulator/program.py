@@ -29,6 +29,9 @@ class Launch:
     allocs: tuple = ()      # tensors that come to exist in HBM when this launch starts
     frees: tuple = ()       # tensors released after it ends
     pass_name: str = "forward"   # which pass of a training step the kernel belongs to
+    # what drives its tensor cores (time_model.py): "library" (cuBLAS: the GPU's best instruction)
+    # or "mma.sync" (the warp-level instruction FlashAttention 1 and 2 are written with)
+    tensor_op: str = "library"
 
 
 @dataclass
@@ -180,9 +183,10 @@ class BlockContext:
         l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
         return (m.hbm.request(hbm_bytes) if hbm_bytes else None), l2_done_s
 
-    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0):
-        """Occupy this SM's tensor cores, vector units and SRAM reads (they pipeline)."""
+    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0):
+        """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the
+        special-function unit) and SRAM reads, for as long as the time model (time_model.py) says."""
         env = self._m.env
-        done_s = self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes))
+        done_s = self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
         if done_s > env.now:
             yield env.timeout(done_s - env.now)

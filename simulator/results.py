@@ -34,6 +34,7 @@ class KernelResult:
     end_s: float = 0.0
     matmul_flops: int = 0
     vector_flops: int = 0
+    exp_ops: int = 0               # of the vector operations, exps (the special-function unit's work)
     sram_read_bytes: int = 0
     hbm_peak_bytes: int = 0        # HBM footprint while this kernel runs
     sram_peak_bytes: int = 0       # most SRAM one SM held for this kernel
@@ -62,6 +63,7 @@ class KernelResult:
             "hbm_read_bytes": self.total("hbm_read"), "hbm_write_bytes": self.total("hbm_write"),
             "global_read_bytes": self.total("read"), "global_write_bytes": self.total("write"),
             "matmul_flops": self.matmul_flops, "vector_flops": self.vector_flops,
+            "exp_ops": self.exp_ops,
             "sram_read_bytes": self.sram_read_bytes, "hbm_peak_bytes": self.hbm_peak_bytes,
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
         }
@@ -122,6 +124,7 @@ class SimResult:
             "hbm_peak_bytes": max((k.hbm_peak_bytes for k in ks), default=0),
             "sram_peak_bytes": max((k.sram_peak_bytes for k in ks), default=0),
             "matmul_flops": sum(k.matmul_flops for k in ks), "vector_flops": sum(k.vector_flops for k in ks),
+            "exp_ops": sum(k.exp_ops for k in ks),
             "time_s": time_s, "cycles": round(time_s * self.clock_hz), "bound": self.bound(pass_name),
             "hbm_busy_s": sum(k.hbm_busy_s for k in ks), "compute_busy_s": sum(k.compute_busy_s for k in ks),
             "kernels": [k.to_dict(self.clock_hz) for k in ks],

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, currently_in_test_context, event, given, set
 from hbmsim.algorithms.workload import Workload
 from hbmsim.scenarios import runner
 from hbmsim.scenarios.experiment import Config, RunSpec, preset_names, resolve_hardware
+from hbmsim.simulator.time_model import TimeModel, hbm_rate
 from hbmsim.simulator import HbmsimError, Machine
 
 PRESETS = {name: resolve_hardware(name) for name in preset_names()}
@@ -114,7 +115,7 @@ def check_run(cfg: Config, results: list, obs: Observed, count_only: bool) -> No
         # test_reported_time_covers_l2_write_backs).
         for k in r["kernels"] + [r]:
             bound = max(k["matmul_flops"] / gpu.matmul_flops_per_s, k["vector_flops"] / gpu.vector_flops_per_s,
-                        (k["hbm_read_bytes"] + k["hbm_write_bytes"]) / gpu.hbm_bytes_per_s)
+                        (k["hbm_read_bytes"] + k["hbm_write_bytes"]) / hbm_rate(gpu, TimeModel()))
             slack = 2 * clock_ulp * (len(r["kernels"]) if k is r else 1)
             assert k["time_s"] >= bound * (1 - 1e-9) - slack, (r["pass"], k.get("name"), k["time_s"], bound)
         # numerics against the float64 reference (the programs compute in float64 whatever the
@@ -188,6 +189,10 @@ def hardware(draw, small_sram_ok: bool = True):
             over[name] = 10.0 ** draw(exponents)
     if draw(st.booleans()):
         over["hbm_latency_s"] = 10.0 ** draw(st.floats(-15, 0))
+    if draw(st.booleans()):                           # the time model's numbers (0: effect off)
+        over["hbm_stream_fraction"] = draw(st.sampled_from([0.0, 1e-3, 0.5, 1.0]))
+        over["mma_sync_fraction"] = draw(st.sampled_from([0.0, 1e-3, 0.6667, 1.0]))
+        over["sfu_ops_per_clk_per_sm"] = draw(st.sampled_from([0.0, 1e-3, 16.0, 1e6]))
     l2 = draw(st.sampled_from(["preset", "none", "tiny"]))
     if l2 == "none":
         over["l2_bytes"] = 0

@@ -1,0 +1,104 @@
+"""The time model: how long one `compute` call keeps an SM busy, and which DRAM rate HBM serves at.
+
+Each effect is a physical reason why a GPU runs slower than its spec sheet, with its number in
+the hardware preset (and the preset's [source] table saying where the number comes from). Each
+can be switched off (`TimeModel(sfu_exp=False)`, `hbmsim validate --ablation`) to see how much of
+the predicted time it explains. Nothing here is fitted to a measurement.
+
+- stream_dram: DRAM serves at the fraction of the spec sheet's `hbm_bytes_per_s` that a
+  STREAM-like kernel reaches (`hbm_stream_fraction`, 86-89% on A100 and H100): refresh,
+  read/write turnarounds and bank conflicts are never avoided.
+- mma_sync: a kernel written with the warp-level `mma.sync` instruction (FlashAttention 1 and 2;
+  Launch.tensor_op = "mma.sync") gets `mma_sync_fraction` of `matmul_flops_per_s` from the
+  tensor cores. On A100 that is all of it (mma.sync is sm80's tensor-core instruction); on H100
+  the peak needs the warpgroup-level `wgmma`, and mma.sync reaches about 2/3 of it. Library GEMMs
+  (cuBLAS) use the best instruction and run at `matmul_flops_per_s`.
+- sfu_exp: exp runs on the special-function unit (`sfu_ops_per_clk_per_sm`: 16 results per clock
+  per SM on sm80 and sm90, at `clock_hz`), not at the FP32 rate; each `compute` call says how
+  many exps it does (`exp_ops`, a part of its `vector_flops`).
+- fp32_ops: the FP32 peak counts a fused multiply-add as 2 FLOPs, but softmax's max, add,
+  multiply and conversions are one operation each in one lane-clock: the vector work the
+  programs count (one per operation) runs at `vector_flops_per_s / 2` operations per second.
+- serial_softmax: inside a warp, FlashAttention's softmax needs S from the GEMM before it and
+  the next GEMM needs P from it, so a block's tensor-core work (overlapped with its shared-memory
+  reads, which are software-pipelined) and its vector/SFU work (FP32 and SFU overlap, being
+  independent operations on different units) add up instead of overlapping. Overlap across the
+  blocks resident on an SM is not assumed: the FlashAttention-3 paper (section 3.1) needed an
+  explicit ping-pong schedule between warpgroups to make one warpgroup's softmax run under the
+  other's GEMMs.
+
+With every effect off, the model is the old one: DRAM at the spec sheet's rate and a compute
+call as long as the slowest of its tensor-core, vector and SRAM times at the SM's peak rates.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import HbmsimError
+
+MMA_SYNC, LIBRARY = "mma.sync", "library"     # Launch.tensor_op: what drives the tensor cores
+TENSOR_OPS = (MMA_SYNC, LIBRARY)
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Which effects are on (all by default). `off(name)` gives the model without one."""
+    stream_dram: bool = True
+    mma_sync: bool = True
+    sfu_exp: bool = True
+    fp32_ops: bool = True
+    serial_softmax: bool = True
+
+    @staticmethod
+    def effects() -> tuple:
+        return tuple(f.name for f in dataclasses.fields(TimeModel))
+
+    def off(self, *names: str) -> "TimeModel":
+        for name in names:
+            if name not in self.effects():
+                raise HbmsimError(f"unknown time-model effect '{name}' (known: {', '.join(self.effects())})")
+        return dataclasses.replace(self, **{n: False for n in names})
+
+    def describe(self) -> str:
+        off = [n for n in self.effects() if not getattr(self, n)]
+        return "all effects on" if not off else "off: " + ", ".join(off)
+
+
+BASELINE = TimeModel(**{n: False for n in TimeModel.effects()})    # the spec-sheet model
+
+
+def hbm_rate(gpu, model: TimeModel) -> float:
+    """The DRAM bandwidth the HBM pool serves at (bytes/s, whole GPU)."""
+    if model.stream_dram and gpu.hbm_stream_fraction > 0:
+        return gpu.hbm_bytes_per_s * gpu.hbm_stream_fraction
+    return gpu.hbm_bytes_per_s
+
+
+class SmRates:
+    """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
+
+    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial")
+
+    def __init__(self, gpu, model: TimeModel):
+        sms = gpu.sm_count
+        # tensor cores: seconds per FLOP for each kind of instruction
+        mma_sync = gpu.mma_sync_fraction if model.mma_sync and gpu.mma_sync_fraction > 0 else 1.0
+        self.s_per_flop = {LIBRARY: sms / gpu.matmul_flops_per_s, MMA_SYNC: sms / (gpu.matmul_flops_per_s * mma_sync)}
+        # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
+        self.s_per_vec_op = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
+        # SFU: 0 means exp is an ordinary vector operation (the effect off or no rate given)
+        sfu = gpu.sfu_ops_per_clk_per_sm * gpu.clock_hz          # exps per second on one SM
+        self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
+        self.s_per_sram_byte = 1.0 / gpu.sram_bytes_per_s_per_sm
+        self.serial = model.serial_softmax
+
+    def compute_s(self, s_per_flop: float, matmul_flops: int, vector_flops: int, exp_ops: int,
+                  sram_bytes: int) -> float:
+        """How long one compute call keeps its SM busy."""
+        tensor_s = max(matmul_flops * s_per_flop, sram_bytes * self.s_per_sram_byte)   # ldmatrix pipelined under mma
+        if self.s_per_exp:
+            vector_s = max(max(vector_flops - exp_ops, 0) * self.s_per_vec_op, exp_ops * self.s_per_exp)
+        else:
+            vector_s = vector_flops * self.s_per_vec_op
+        return tensor_s + vector_s if self.serial else max(tensor_s, vector_s)
