@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from hbmsim.simulator import HbmsimError, load_gpu
+from hbmsim.simulator import HbmsimError, TimeModel, load_gpu
 
 from . import report
 from .experiment import (EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment,
@@ -89,7 +89,7 @@ def cmd_run(args) -> int:
     if args.trace:
         for cfg in exp.configs:
             print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)", file=out)
-            run_config(cfg, count_only=True, trace=_tracer(args.trace, out))
+            run_config(cfg, count_only=True, trace=_tracer(args.trace, out), model=time_model(args))
     results: list[dict] = []
     done = [0]
 
@@ -106,14 +106,16 @@ def cmd_run(args) -> int:
             _write_json(results, args.json, exp.name, complete, stopped, quiet=not complete)
         if not to_stdout and results:
             status = "" if complete else f" (partial: {done[0]} of {n} configurations finished)"
-            print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured){status}")
+            print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured; time model: "
+                  f"{time_model(args).describe()}){status}")
             print(report.table(results))
             text = report.ratios(results)
             if text:
                 print(text)
 
     try:
-        run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save)
+        run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
+                       model=time_model(args))
     except KeyboardInterrupt:
         finish(False, f"interrupted after {done[0]} of {n} configurations")
         raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
@@ -228,25 +230,38 @@ def cmd_validate(args) -> int:
     if args.json:
         check_output_path(args.json, "--json")
     refs = args.files or measured_names()
+    model = time_model(args)
     points: list = []
     try:
-        V.validate(refs, args.only, args.max_seq_len, None if args.quiet else V.stderr_progress, points)
+        V.validate(refs, args.only, args.max_seq_len, None if args.quiet else V.stderr_progress, points,
+                   model=model, ablation=args.ablation)
     except KeyboardInterrupt:
         if points:
-            print(V.report(points, refs) + f"\n(partial: interrupted after {len(points)} run(s))")
+            print(V.report(points, refs, model) + f"\n(partial: interrupted after {len(points)} run(s))")
         if args.json and points:
-            write_text_atomic(args.json, V.to_json(points, complete=False))
+            write_text_atomic(args.json, V.to_json(points, complete=False, model=model))
         raise Interrupted(f"validate interrupted after {len(points)} run(s)") from None
-    print(V.report(points, refs))
+    print(V.report(points, refs, model))
     if args.json:
-        write_text_atomic(args.json, V.to_json(points, complete=True))
+        write_text_atomic(args.json, V.to_json(points, complete=True, model=model))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         from .compare import load
         from .published import resolve_measured
         source = "; ".join(str(load(resolve_measured(r)).provenance.get("short", r)) for r in refs)
-        print(f"wrote {V.plot(points, args.plot, 'published measurement: ' + source)}", file=sys.stderr)
+        print(f"wrote {V.plot(points, args.plot, 'published measurement: ' + source, model)}", file=sys.stderr)
     return 0
+
+
+def time_model(args) -> TimeModel:
+    """The time model with the effects named by --without switched off."""
+    return TimeModel().off(*(args.without or ()))
+
+
+def add_without(parser) -> None:
+    parser.add_argument("--without", action="append", choices=TimeModel.effects(), metavar="EFFECT",
+                        help="switch an effect of the time model off (repeatable): "
+                             + ", ".join(TimeModel.effects()))
 
 
 class Parser(argparse.ArgumentParser):
@@ -287,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help=f"start a sweep of more than {CONFIRM_CONFIGS} configurations or over "
                         f"{_fmt_duration(CONFIRM_WALL_S)} of estimated simulation")
+    add_without(r)
     r.set_defaults(func=cmd_run)
     h = sub.add_parser("hardware", help="list hardware presets, or show one with its sources")
     h.add_argument("name", nargs="?", help="a preset's name (see the list) or a hardware TOML file")
@@ -327,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--plot", metavar="PNG", help="predicted against published time, log axes, y = x")
     v.add_argument("--json", metavar="PATH", help="write every point (predicted, measured, error) to PATH")
     v.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    v.add_argument("--ablation", action="store_true",
+                   help="also simulate every run with each effect of the time model off in turn, and report "
+                        "how much of the measured time each one explains (takes 7x as long)")
+    add_without(v)
     v.set_defaults(func=cmd_validate)
     return p
 

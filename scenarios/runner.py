@@ -16,7 +16,7 @@ import numpy as np
 
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data
-from hbmsim.simulator import HbmsimError, check_program, simulate
+from hbmsim.simulator import HbmsimError, TimeModel, check_program, simulate
 
 from .experiment import HARDWARE_SWEEP_FIELDS, Config, Experiment
 
@@ -113,13 +113,16 @@ def workload_dict(wl: Workload) -> dict:
     return d
 
 
-def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None) -> list[dict]:
-    """Simulate one configuration; one result per requested pass (+ the total of a training step)."""
+def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None,
+               model: TimeModel | None = None) -> list[dict]:
+    """Simulate one configuration, timed by `model` (default: every effect on); one result per
+    requested pass (+ the total of a training step)."""
+    model = TimeModel() if model is None else model
     wl = cfg.workload
     training = "backward" in cfg.run.passes
     numeric = not count_only and numerics_bytes(wl, cfg.run.spec, training) <= NUMERICS_BUDGET_BYTES
     data = random_data(wl, seed) if numeric else None
-    result = simulate(cfg.gpu, build_program(cfg, data), trace)
+    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model)
     errors = {}
     if numeric:
         o_ref, _ = attention_forward(wl, data)
@@ -134,7 +137,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
         select = None if p == "forward+backward" else p
         r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
              "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **result.to_dict(select),
-             "sim_events": result.sim_events}
+             "sim_events": result.sim_events, "time_model": model.describe()}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
         hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}
@@ -147,7 +150,8 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
 
 
 def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable | None = None,
-                   results: list | None = None, on_result: Callable | None = None) -> list[dict]:
+                   results: list | None = None, on_result: Callable | None = None,
+                   model: TimeModel | None = None) -> list[dict]:
     """Run every configuration in order. Results are appended to `results` (a list the caller
     may keep, so that what finished survives an error or Ctrl-C) and `on_result(results)` is
     called after each configuration (e.g. to write the file so far)."""
@@ -155,7 +159,7 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
     n = len(exp.configs)
     for i, cfg in enumerate(exp.configs):
         t0 = time.perf_counter()
-        rs = run_config(cfg, count_only)
+        rs = run_config(cfg, count_only, model=model)
         results.extend(rs)
         if on_result:
             on_result(results)

@@ -7,6 +7,10 @@ predicted time of the run's pass with the measured one. The report gives, per fa
 (implementation x GPU x pass), the number of runs, the median and worst |time error| and the
 signed median (negative: the model is optimistic), for every sequence length and for N >= 1024.
 Nothing here is fitted: the numbers say how far the model is off, never what a constant should be.
+
+With `ablation`, every run is also simulated with each effect of the time model
+(simulator/time_model.py) switched off in turn, and with all of them off (the spec-sheet model),
+so the report can say how much of the measured time each effect explains.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hbmsim.simulator import HbmsimError
+from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
@@ -35,6 +39,7 @@ class Point:
     label: str             # one line naming the configuration
     predicted_s: float
     measured_s: float
+    ablation: dict | None = None     # {"without <effect>" | "spec sheet": predicted time (s)}
 
     @property
     def error(self) -> float:
@@ -79,10 +84,22 @@ def configs_of(path: str, runs: list, only: str | None = None, max_seq_len: int 
     return out
 
 
+def ablation_models(model: TimeModel) -> dict:
+    """{label: model} for an ablation: `model` with each of its effects that is on switched off in
+    turn, then with every effect off (the spec-sheet model)."""
+    out = {f"without {name}": model.off(name) for name in TimeModel.effects() if getattr(model, name)}
+    out["spec sheet"] = BASELINE
+    return out
+
+
 def validate(refs: list, only: str | None = None, max_seq_len: int | None = None,
-             progress=None, points: list | None = None) -> list[Point]:
-    """Simulate every kept run of the measured files `refs`; returns the points (appended to
-    `points` as they finish, so that a caller keeps them through an error or Ctrl-C)."""
+             progress=None, points: list | None = None, model: TimeModel | None = None,
+             ablation: bool = False) -> list[Point]:
+    """Simulate every kept run of the measured files `refs` with `model` (default: every effect
+    on), and with `ablation` also without each effect; returns the points (appended to `points`
+    as they finish, so that a caller keeps them through an error or Ctrl-C)."""
+    model = TimeModel() if model is None else model
+    others = ablation_models(model) if ablation else {}
     points = [] if points is None else points
     plan = []
     for ref in refs:
@@ -92,19 +109,21 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     if not plan:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     exp = prepare(Experiment("validate", "validate", plan[0][0].gpu, [cfg for cfg, _ in plan]))
-    total_s = sum(estimated_wall_s(cfg) for cfg in exp.configs)
+    total_s = (1 + len(others)) * sum(estimated_wall_s(cfg) for cfg in exp.configs)
     if progress:
         progress(0, len(plan), None, total_s)
     for i, (cfg, (_, r)) in enumerate(zip(exp.configs, plan)):
         t0 = time.perf_counter()
-        results = {res["pass"]: res for res in run_config(cfg, count_only=True)}
         pass_name = r.get("pass", "forward")
+        predicted = {res["pass"]: res for res in run_config(cfg, count_only=True, model=model)}[pass_name]["time_s"]
+        without = {label: {res["pass"]: res for res in run_config(cfg, count_only=True, model=m)}[pass_name]["time_s"]
+                   for label, m in others.items()}
         wl = cfg.workload
         impl = r.get("implementation") or f"{cfg.run.algorithm} {r.get('variant', '')}".strip()
         label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads} N={wl.seq_len_q}"
                  + (" causal" if wl.causal else ""))
-        point = Point((impl, r["hardware"], pass_name), wl.seq_len_q, label, results[pass_name]["time_s"],
-                      r["time_s"])
+        point = Point((impl, r["hardware"], pass_name), wl.seq_len_q, label, predicted, r["time_s"],
+                      without or None)
         points.append(point)
         if progress:
             progress(i + 1, len(plan), point, time.perf_counter() - t0)
@@ -124,11 +143,36 @@ def family_stats(points: list) -> dict:
     return out
 
 
-def report(points: list, sources: list) -> str:
+def ablation_report(points: list) -> str:
+    """Signed median time error per family (N >= 1024) with each effect off in turn: how much of
+    the measured time each effect explains."""
+    labels = list(points[0].ablation)
+    fams = list(dict.fromkeys(p.family for p in points))
+    width = max(len(" ".join(f)) for f in fams)
+    cols = ["model"] + labels
+    lines = [f"ablation: signed median time error, N >= {LONG_N} (all N where a family has none), "
+             "with each effect of the time model switched off in turn",
+             f"{'family':{width}s}  " + "  ".join(f"{c:>{max(9, len(c))}s}" for c in cols)]
+    for fam in fams:
+        pts = [p for p in points if p.family == fam and p.seq_len >= LONG_N] or \
+              [p for p in points if p.family == fam]
+        cells = [statistics.median(p.error for p in pts)]
+        cells += [statistics.median((p.ablation[c] - p.measured_s) / p.measured_s for p in pts) for c in labels]
+        lines.append(f"{' '.join(fam):{width}s}  " + "  ".join(f"{100 * e:>+{max(9, len(c)) - 1}.0f}%"
+                                                               for c, e in zip(cols, cells)))
+    allp = [p for p in points if p.seq_len >= LONG_N] or points
+    cells = [statistics.median(abs(p.error) for p in allp)]
+    cells += [statistics.median(abs(p.ablation[c] - p.measured_s) / p.measured_s for p in allp) for c in labels]
+    lines.append(f"{'median |error|, all':{width}s}  " + "  ".join(f"{100 * e:>{max(9, len(c)) - 1}.0f}%"
+                                                                    for c, e in zip(cols, cells)))
+    return "\n".join(lines)
+
+
+def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     stats = family_stats(points)
     width = max(len(" ".join(f)) for f in stats)
     pct = lambda x: "    -" if x is None else f"{100 * x:+5.0f}%" if x < 0 else f"{100 * x:5.0f}%"
-    lines = [f"predicted by hbmsim against {', '.join(sources)}",
+    lines = [f"predicted by hbmsim (time model: {(model or TimeModel()).describe()}) against {', '.join(sources)}",
              "time error = (predicted - measured) / measured; negative: the model is optimistic", "",
              f"{'family':{width}s}   {'all N':>30s}   {'N >= ' + str(LONG_N):>30s}",
              f"{'':{width}s}   {'n  median|e|  worst|e|  median e':>30s}   {'n  median|e|  worst|e|  median e':>30s}"]
@@ -141,10 +185,12 @@ def report(points: list, sources: list) -> str:
     errs = [abs(p.error) for p in points]
     lines += ["", f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "
                   f"worst {100 * max(errs):.0f}%"]
+    if points[0].ablation:
+        lines += ["", ablation_report(points)]
     return "\n".join(lines)
 
 
-def plot(points: list, path: str | Path, source: str) -> Path:
+def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None) -> Path:
     """Predicted (x) against published (y) time, log-log, with y = x; one colour per
     implementation, one marker per GPU."""
     import matplotlib
@@ -169,8 +215,8 @@ def plot(points: list, path: str | Path, source: str) -> Path:
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
            ylabel="published measurement (ms)")
-    ax.set_title("Time per run: predicted by hbmsim vs published measurement\n" + textwrap.fill(source, 90),
-                 fontsize=9)
+    ax.set_title(f"Time per run: predicted by hbmsim (time model: {(model or TimeModel()).describe()}) "
+                 "vs published measurement\n" + textwrap.fill(source, 90), fontsize=9)
     for axis in (ax.xaxis, ax.yaxis):           # ticks at 1, 2, 5 x 10^k, written as plain numbers
         axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -183,11 +229,12 @@ def plot(points: list, path: str | Path, source: str) -> Path:
     return path
 
 
-def to_json(points: list, complete: bool) -> str:
-    return json.dumps({"complete": complete, "points": [
+def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str:
+    return json.dumps({"complete": complete, "time_model": (model or TimeModel()).describe(), "points": [
         {"implementation": p.family[0], "hardware": p.family[1], "pass": p.family[2], "seq_len": p.seq_len,
          "label": p.label, "predicted_time_s": p.predicted_s, "measured_time_s": p.measured_s,
-         "error": p.error} for p in points]}, indent=1) + "\n"
+         "error": p.error, **({"ablation_time_s": p.ablation} if p.ablation else {})} for p in points]},
+        indent=1) + "\n"
 
 
 def stderr_progress(i: int, n: int, point, wall_or_total_s: float) -> None:
