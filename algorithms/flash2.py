@@ -34,7 +34,11 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return (block_q + 2 * block_kv) * wl.head_dim * wl.itemsize
 
 
-def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
+def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
+                   warps: int = 1) -> Program:
+    """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
+    lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
+    for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data)
     Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
@@ -69,9 +73,10 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             (k,) = yield from ctx.wait(k_next)
             v_next = ctx.prefetch((V[g], cols, all_cols))
             # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
-            # per score and one per row (the rescale exp(m_old - m_new)); Q_i and K_j from SRAM
+            # per score and one per row (the rescale exp(m_old - m_new)); SRAM: each warp reads its
+            # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j
             yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                   sram_bytes=(n + nc) * d * itemsize, exp_ops=n * nc + n)
+                                   sram_bytes=(n + warps * nc) * d * itemsize, exp_ops=n * nc + n)
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -87,7 +92,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             (v,) = yield from ctx.wait(v_next)
             if c0 + block_kv < kv_end:
                 k_next = ctx.prefetch((K[g], kv_cols(c0 + block_kv), all_cols))
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * itemsize)   # acc += P V_j
+            # acc += P V_j: P from registers, all of V_j from SRAM by every warp
+            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
@@ -121,8 +127,9 @@ class Flash2Blocks:
     block_q_bwd: int | str = AUTO
     block_kv_bwd: int | str = AUTO
     variant: str = FA2_KERNEL
-    # kNWarps of the forward and backward kernels: recorded for the time model (issue 9), they
-    # do not change any byte; "auto": the kernel's (fa2_kernel_blocks), 4 for the paper variant
+    # kNWarps of the forward and backward kernels: they set the shared-memory reads the time model
+    # sees (every warp reads its operand slices), never a byte of traffic; "auto": the kernel's
+    # (fa2_kernel_warps), 4 for the paper variant
     warps: int | str = AUTO
     warps_bwd: int | str = AUTO
 
@@ -226,8 +233,9 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool) -> Program:
     if training:
         from .flash2_backward import flash2_training
-        return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd))
-    return flash2_forward(wl, m.block_q, m.block_kv, data)
+        return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
+                               warps=(m.warps, m.warps_bwd))
+    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:

@@ -32,11 +32,57 @@ def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4
 
 
+def fa2_bwd_atoms(wl: Workload, warps: int) -> tuple[int, int, int, bool]:
+    """(AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ, Is_V_in_regs) of the FlashAttention-2
+    backward kernel for this head dim on A100/H100 (flash_bwd_launch_template.h, v2.0.0-v2.3.6:
+    Flash_bwd_kernel_traits<d, kBlockM, kBlockN, kNWarps=8, MSdP, NdKV, MdQ, V_in_regs, ...>).
+    Each AtomLayout is how many warps tile the first dimension of that GEMM's output (S and dP:
+    along M; dK and dV: along N; dQ: along M); the rest of the warps tile the second. Clamped to
+    `warps` when the mapping gives another warp count."""
+    d, dropout = wl.head_dim, wl.dropout > 0
+    if d <= 32:
+        atoms, v_regs = (4, 4, 4), not dropout
+    elif d <= 64:
+        atoms, v_regs = (4, 4, 4), False
+    elif d <= 96:
+        atoms, v_regs = (2, 4, 4), not dropout
+    elif d <= 128:
+        atoms, v_regs = (2, 4, 2), False
+    elif d <= 160 or 192 < d <= 224:
+        atoms, v_regs = (4, 4, 4), False
+    else:                        # 192 and 256
+        atoms, v_regs = (4, 2, 2), False
+    a_sdp, a_dkv, a_dq = (min(a, warps) for a in atoms)
+    return a_sdp, a_dkv, a_dq, v_regs
+
+
+def bwd_sram_read_elements(n: int, nc: int, d: int, warps: int, atoms: tuple) -> int:
+    """Shared-memory elements one (query block, key block) step of the FA2 backward reads and
+    writes: in a GEMM whose warps are a x b (a along the output's rows, b along its columns),
+    each warp reads its slice of the A operand and of the B operand, so A is read b times and B a
+    times in all. P and dS are written to shared memory once each, for the GEMMs that read them."""
+    a_sdp, a_dkv, a_dq, v_regs = atoms
+    b_sdp, b_dkv, b_dq = warps // a_sdp, warps // a_dkv, warps // a_dq
+    q = do = n * d                 # Q_i, dO_i
+    k = v = nc * d                 # K_j, V_j
+    p = ds = n * nc                # P_ij, dS_ij
+    return (q * b_sdp + k * a_sdp                          # S = Q K^T
+            + do * b_sdp + (0 if v_regs else v * a_sdp)    # dP = dO V^T (V from registers when V_in_regs)
+            + p * b_dkv + do * a_dkv                       # dV += P^T dO
+            + ds * b_dkv + q * a_dkv                       # dK += dS^T Q
+            + ds * b_dq + k * a_dq                         # dQ = dS K
+            + p + ds)                                      # P and dS written to shared memory
+
+
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                    bwd_blocks: tuple | None = None) -> Program:
+                    bwd_blocks: tuple | None = None, warps: tuple = (1, 1)) -> Program:
     """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
-    when given (the FA2 kernel picks the backward's blocks separately), else the same blocks."""
-    fwd = flash2_forward(wl, block_q, block_kv, data)
+    when given (the FA2 kernel picks the backward's blocks separately), else the same blocks.
+    `warps` (forward, backward) set the shared-memory reads the time model sees (with 1 warp
+    every operand is read once); they never change a byte of traffic."""
+    fwd = flash2_forward(wl, block_q, block_kv, data, warps[0])
+    warps_bwd = warps[1]
+    atoms = fa2_bwd_atoms(wl, warps_bwd)
     if bwd_blocks is not None:
         block_q, block_kv = bwd_blocks
     tensors = named(fwd)
@@ -85,10 +131,11 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
                                                            (LSE[g], rows, one), (D[g], rows, one))
             # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
-            # dQ += dS K, dK += dS^T Q
-            # (recomputing P takes an exp per score)
+            # dQ += dS K, dK += dS^T Q; recomputing P takes an exp per score; SRAM: every warp's
+            # operand slices (bwd_sram_read_elements)
             yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
-                                   sram_bytes=(3 * n * d + 3 * nc * d + 2 * n * nc) * itemsize, exp_ops=n * nc)
+                                   sram_bytes=bwd_sram_read_elements(n, nc, d, warps_bwd, atoms) * itemsize,
+                                   exp_ops=n * nc)
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])

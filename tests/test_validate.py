@@ -100,3 +100,34 @@ def test_bad_measured_file_is_one_line(tmp_path, capsys, change, message):
 def test_nothing_left_to_validate_is_one_line(capsys):
     assert main(["validate", "fa2-paper-fwd-bwd", "--only", "no-such-thing"]) == 2
     assert "no run left to simulate" in capsys.readouterr().err
+
+
+def test_ablation_simulates_each_effect_off(tmp_path, capsys):
+    out_json = tmp_path / "a.json"
+    assert main(SUBSET + ["--ablation", "--json", str(out_json), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["time_model"] == "all effects on"
+    labels = [f"without {e}" for e in ("stream_dram", "mma_sync", "sfu_exp", "fp32_ops", "serial_softmax")]
+    for p in doc["points"]:
+        abl = p["ablation_time_s"]
+        assert list(abl) == labels + ["spec sheet"]
+        # FA2 on A100: a block's GEMMs and softmax in series cost time; mma.sync is A100's full rate
+        assert abl["without serial_softmax"] < p["predicted_time_s"]
+        assert abl["without mma_sync"] == p["predicted_time_s"]
+        assert abl["spec sheet"] < p["predicted_time_s"]
+    errs = [(p["ablation_time_s"]["spec sheet"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
+    row = next(line for line in text.splitlines()
+               if line.startswith("fa2 a100-sxm4-80gb forward+backward") and "%" in line and len(line.split()) == 10)
+    assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
+
+
+def test_without_switches_an_effect_off(tmp_path, capsys):
+    out_json = tmp_path / "w.json"
+    assert main(SUBSET + ["--without", "serial_softmax", "--without", "sfu_exp", "--json", str(out_json),
+                          "--quiet"]) == 0
+    assert json.loads(out_json.read_text())["time_model"] == "off: sfu_exp, serial_softmax"
+    assert "time model: off: sfu_exp, serial_softmax" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(SUBSET + ["--without", "sfu"])
+    assert exc.value.code == 2 and "invalid choice: 'sfu'" in capsys.readouterr().err

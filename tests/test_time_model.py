@@ -1,0 +1,141 @@
+"""Each effect of the time model (simulator/time_model.py) on a tiny machine, with the time worked out
+by hand, and switched off.
+
+The tiny GPU (conftest.tiny_gpu): 4 SMs at 1 GHz; per SM 1e12 tensor FLOP/s, 1e11 FP32 FLOP/s
+(an FMA counted as 2, so 5e10 operations/s), 1e11 B/s of SRAM reads; HBM 1e11 B/s with 1e-7 s latency.
+"""
+import dataclasses
+
+import pytest
+
+from hbmsim.simulator import BASELINE, HbmsimError, Launch, Program, Tensor, TimeModel, simulate
+from hbmsim.simulator.time_model import MMA_SYNC
+
+from conftest import tiny_gpu
+
+ALL = TimeModel()
+
+
+def one_block(tensor_op: str = "library", **work) -> Program:
+    """One kernel of one block that does one compute call."""
+    def block(ctx, _):
+        yield from ctx.compute(**work)
+    return Program("one", [Launch("k", 1, 0, block, tensor_op=tensor_op)])
+
+
+def time_of(gpu, model, tensor_op="library", **work) -> float:
+    return simulate(gpu, one_block(tensor_op, **work), model=model).time_s
+
+
+def test_fp32_ops_run_at_one_per_lane_clock():
+    gpu = tiny_gpu()
+    # 1e5 softmax operations on one SM: 1e5 / 5e10 = 2 us, not 1e5 / 1e11 = 1 us
+    assert time_of(gpu, ALL, vector_flops=100_000) == pytest.approx(2e-6, rel=1e-12)
+    assert time_of(gpu, ALL.off("fp32_ops"), vector_flops=100_000) == pytest.approx(1e-6, rel=1e-12)
+
+
+def test_an_exp_heavy_block_is_bound_by_the_sfu():
+    gpu = tiny_gpu(sfu_ops_per_clk_per_sm=16)        # 16 exps per clock at 1 GHz = 1.6e10 exps/s per SM
+    # 1e5 exps among 2e5 operations: the SFU takes 1e5 / 1.6e10 = 6.25 us; the other 1e5 FP32
+    # operations 1e5 / 5e10 = 2 us beside it: 6.25 us
+    assert time_of(gpu, ALL, vector_flops=200_000, exp_ops=100_000) == pytest.approx(6.25e-6, rel=1e-12)
+    # off: an exp is one more FP32 operation, 2e5 / 5e10 = 4 us
+    assert time_of(gpu, ALL.off("sfu_exp"), vector_flops=200_000, exp_ops=100_000) == pytest.approx(4e-6, rel=1e-12)
+    # a GPU whose preset gives no SFU rate: the effect is off by itself
+    assert time_of(tiny_gpu(), ALL, vector_flops=200_000, exp_ops=100_000) == pytest.approx(4e-6, rel=1e-12)
+    # with few exps the FP32 work binds: 1.9e5 / 5e10 = 3.8 us > 1e4 / 1.6e10 = 0.625 us
+    assert time_of(gpu, ALL, vector_flops=200_000, exp_ops=10_000) == pytest.approx(3.8e-6, rel=1e-12)
+
+
+def test_a_blocks_gemm_and_softmax_add_up():
+    gpu = tiny_gpu()
+    work = dict(matmul_flops=3_000_000, vector_flops=100_000)    # 3 us of tensor cores, 2 us of FP32
+    assert time_of(gpu, ALL, **work) == pytest.approx(5e-6, rel=1e-12)
+    assert time_of(gpu, ALL.off("serial_softmax"), **work) == pytest.approx(3e-6, rel=1e-12)
+    # SRAM reads are pipelined under the tensor cores: 4e5 B / 1e11 B/s = 4 us > 3 us binds that phase
+    assert time_of(gpu, ALL, sram_bytes=400_000, **work) == pytest.approx(6e-6, rel=1e-12)
+
+
+def test_mma_sync_gets_its_fraction_of_the_tensor_peak():
+    gpu = tiny_gpu(mma_sync_fraction=0.5)
+    assert time_of(gpu, ALL, MMA_SYNC, matmul_flops=1_000_000) == pytest.approx(2e-6, rel=1e-12)
+    assert time_of(gpu, ALL, "library", matmul_flops=1_000_000) == pytest.approx(1e-6, rel=1e-12)
+    assert time_of(gpu, ALL.off("mma_sync"), MMA_SYNC, matmul_flops=1_000_000) == pytest.approx(1e-6, rel=1e-12)
+
+
+def test_dram_serves_at_the_stream_fraction():
+    def copy(ctx, _):
+        yield from ctx.load(x[0], slice(0, 1000), slice(0, 100))     # 1000 x 100 fp32 = 4e5 B
+    x = Tensor("x", (1, 1000, 100), "fp32")
+    prog = lambda: Program("copy", [Launch("k", 1, 0, copy)], inputs=(x,))
+    gpu = tiny_gpu(hbm_stream_fraction=0.8)
+    # latency 1e-7 s, then 4e5 B at 0.8 x 1e11 B/s = 5 us
+    assert simulate(gpu, prog()).time_s == pytest.approx(1e-7 + 5e-6, rel=1e-12)
+    assert simulate(gpu, prog(), model=ALL.off("stream_dram")).time_s == pytest.approx(1e-7 + 4e-6, rel=1e-12)
+
+
+def test_all_effects_off_is_the_spec_sheet_model():
+    gpu = tiny_gpu(sfu_ops_per_clk_per_sm=16, mma_sync_fraction=0.5)
+    # the longest of tensor (3 us), vector (1e5 / 1e11 = 1 us, exps included) and SRAM (2 us)
+    t = time_of(gpu, BASELINE, MMA_SYNC, matmul_flops=3_000_000, vector_flops=100_000, exp_ops=50_000,
+                sram_bytes=200_000)
+    assert t == pytest.approx(3e-6, rel=1e-12)
+    assert BASELINE.describe() == "off: " + ", ".join(TimeModel.effects())
+    assert ALL.describe() == "all effects on"
+
+
+def test_bad_names_and_numbers_are_refused():
+    with pytest.raises(HbmsimError, match="unknown time-model effect 'sfu'"):
+        ALL.off("sfu")
+    with pytest.raises(HbmsimError, match="'hbm_stream_fraction' = 1.2 must be at most 1"):
+        tiny_gpu(hbm_stream_fraction=1.2)
+    with pytest.raises(HbmsimError, match="'mma_sync_fraction' = -0.5 must be > 0"):
+        tiny_gpu(mma_sync_fraction=-0.5)
+    with pytest.raises(HbmsimError, match="tensor_op = 'wmma' must be one of"):
+        simulate(tiny_gpu(), one_block("wmma", matmul_flops=1))
+
+
+def test_presets_give_every_number_with_a_source(a100, h100):
+    for gpu in (a100, h100):
+        for name in ("hbm_stream_fraction", "mma_sync_fraction", "sfu_ops_per_clk_per_sm"):
+            assert getattr(gpu, name) > 0 and len(gpu.source[name]) > 80, (gpu.name, name)
+        assert gpu.sfu_ops_per_clk_per_sm == 16                   # CUDA guide, cc 8.0 and 9.0
+    assert a100.mma_sync_fraction == 1.0 and h100.mma_sync_fraction == pytest.approx(2 / 3, abs=1e-4)
+    assert a100.hbm_stream_fraction == pytest.approx(1360 / 1555, abs=1e-4)
+    assert h100.hbm_stream_fraction == pytest.approx(2.97 / 3.35, abs=1e-4)
+
+
+def test_more_sms_never_slows_an_exp_heavy_flash_run(a100):
+    from hbmsim.algorithms.flash2 import flash2_forward
+    from hbmsim.algorithms.workload import Workload
+    wl = Workload(1, 8, 512, 512, 64)
+    base = simulate(a100, flash2_forward(wl, 128, 64, warps=4)).time_s
+    assert simulate(a100.with_sms(2 * a100.sm_count), flash2_forward(wl, 128, 64, warps=4)).time_s <= base
+    # and the effects only ever add time to the spec-sheet model here
+    assert simulate(a100, flash2_forward(wl, 128, 64, warps=4), model=BASELINE).time_s < base
+
+
+def test_gpu_with_sms_scales_whole_gpu_rates_only(a100):
+    big = a100.with_sms(216)
+    assert big.matmul_flops_per_s == 2 * a100.matmul_flops_per_s
+    assert big.vector_flops_per_s == 2 * a100.vector_flops_per_s
+    assert dataclasses.replace(big, sm_count=108, matmul_flops_per_s=a100.matmul_flops_per_s,
+                               vector_flops_per_s=a100.vector_flops_per_s) == a100
+
+
+def test_fa2_backward_shared_memory_reads_by_warp_layout():
+    from hbmsim.algorithms.flash2_backward import bwd_sram_read_elements, fa2_bwd_atoms
+    from hbmsim.algorithms.workload import Workload
+    # head dim 64: Flash_bwd_kernel_traits<64, 128, 128, 8, 4, 4, 4, false, false>. Per step (128 x 128):
+    # S and dP: Q, dO (8192 elements) read by 2 warp columns, K, V (8192) by 4 warp rows: 2 x 49152;
+    # dV, dK, dQ: P or dS (16384) x 2 + dO, Q or K (8192) x 4: 3 x 65536; P and dS written: 32768.
+    atoms = fa2_bwd_atoms(Workload(1, 1, 256, 256, 64), 8)
+    assert atoms == (4, 4, 4, False)
+    assert bwd_sram_read_elements(128, 128, 64, 8, atoms) == 2 * 49152 + 3 * 65536 + 32768 == 327680
+    # head dim 128: <128, 64, 128, 8, 2, 4, 2, false, false>. Q, dO: 8192; K, V: 16384; P, dS: 8192.
+    # S, dP: 8192 x 4 + 16384 x 2; dV, dK: 8192 x 2 + 8192 x 4; dQ: 8192 x 4 + 16384 x 2; writes 16384.
+    atoms = fa2_bwd_atoms(Workload(1, 1, 256, 256, 128), 8)
+    assert atoms == (2, 4, 2, False)
+    assert bwd_sram_read_elements(64, 128, 128, 8, atoms) == 3 * 65536 + 2 * 49152 + 16384 == 311296
+    # one warp reads every operand once: 2 x (8192 + 8192) + 3 x (16384 + 8192) + 32768 at head dim 64
+    assert bwd_sram_read_elements(128, 128, 64, 1, fa2_bwd_atoms(Workload(1, 1, 256, 256, 64), 1)) == 139264
