@@ -41,6 +41,11 @@ from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 QUERY_STEP = 16          # Cta_tile_p::M = STEP = 16 in every v1.0.9 fwd and bwd config
 DOT_DO_O_ROWS = 128      # fmha_bwd_dot_do_o_kernel grid (b, h, ceil(Nq/128)), fmha_bwd_launch_template.h:106
+# The forward's warps split the key block (FMHA_kernel_traits<S, D, 16, WARPS_M = 1, WARPS_N = 4, ...>
+# in every v1.0.9 fwd config): each warp holds a partial output over its keys, and the warps add
+# them up through shared memory (the FlashAttention-2 paper, section 3.3, names this "split-K"
+# scheme as what slows FlashAttention's forward down). Sets SRAM reads only, never traffic.
+FWD_WARPS_N = 4
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -198,14 +203,19 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 else:                                 # !Is_first: the fp32 partial output and lse
                     q, o_prev, lse_prev = yield from ctx.load_tiles(
                         (Q[g], rows, all_cols), (OT[g], rows, all_cols), (LSE[g], rows, one))
-                # FLOPs: S = Q K^T and P V, 2*n*nc*d each; vector: the online softmax of the
-                # n x nc tile, plus 2*n*d to rescale the loaded o_tmp and normalise the output.
-                # SRAM: Q_i read from smem once (n*d*e) and the output staged through the fp32
-                # Smem_tile_o before its global store (n*d*4); K and V sit in registers.
-                # exps: one per score and two per row (the running max's rescales)
-                yield from ctx.compute(matmul_flops=4 * n * nc * d,
-                                       vector_flops=online_softmax_vector_flops(wl, n, nc) + 2 * n * d,
-                                       sram_bytes=n * d * itemsize + n * d * 4, exp_ops=n * nc + 2 * n)
+                # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
+                # per score and two per row (the running max's rescales); SRAM: every warp reads
+                # all of Q_i (K sits in registers), and the row max and row sum are each reduced
+                # across the warps through shared memory (W partials of n fp32 written and read).
+                W = FWD_WARPS_N
+                yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
+                                       sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n)
+                # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
+                yield from ctx.compute(matmul_flops=2 * n * nc * d)
+                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
+                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
+                # to rescale the loaded o_tmp and normalise the output
+                yield from ctx.compute(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4)
                 o_new = lse_new = None
                 if numeric:
                     if j == 0:
