@@ -139,3 +139,35 @@ def test_fa2_backward_shared_memory_reads_by_warp_layout():
     assert bwd_sram_read_elements(64, 128, 128, 8, atoms) == 3 * 65536 + 2 * 49152 + 16384 == 311296
     # one warp reads every operand once: 2 x (8192 + 8192) + 3 x (16384 + 8192) + 32768 at head dim 64
     assert bwd_sram_read_elements(128, 128, 64, 1, fa2_bwd_atoms(Workload(1, 1, 256, 256, 64), 1)) == 139264
+
+
+def test_run_without_an_effect_says_so_and_changes_only_times(tmp_path, capsys):
+    import json
+
+    from hbmsim.scenarios.cli import main
+    full, without = tmp_path / "full.json", tmp_path / "without.json"
+    assert main(["run", "small-masked", "--count-only", "--json", str(full)]) == 0
+    assert main(["run", "small-masked", "--count-only", "--json", str(without), "--without", "serial_softmax"]) == 0
+    assert "time model: off: serial_softmax" in capsys.readouterr().out
+    a, b = (json.loads(p.read_text())["runs"] for p in (full, without))
+    assert {r["time_model"] for r in a} == {"all effects on"} and {r["time_model"] for r in b} == {"off: serial_softmax"}
+    for ra, rb in zip(a, b):
+        assert ra["tensors"] == rb["tensors"] and ra["matmul_flops"] == rb["matmul_flops"]
+        assert ra["exp_ops"] == rb["exp_ops"]
+        assert rb["time_s"] <= ra["time_s"]
+    flash2 = [r for r in a if r["algorithm"] == "flash2" and r["pass"] == "forward"][0]
+    # one exp per score of every visited tile plus one per row per tile: at least N_q x (visible keys)
+    assert flash2["exp_ops"] > 0
+
+
+def test_exp_counts_by_hand(gpu):
+    from hbmsim.algorithms.flash2 import flash2_forward
+    from hbmsim.algorithms.standard import standard_forward
+    from hbmsim.algorithms.workload import Workload
+    wl = Workload(1, 2, 256, 256, 64)
+    # flash2, 128 x 64 blocks: an exp per score (2 x 256 x 256) and per row per K/V tile (2 x 256 x 4)
+    r = simulate(gpu, flash2_forward(wl, 128, 64))
+    assert sum(k.exp_ops for k in r.kernels) == 2 * 256 * 256 + 2 * 256 * 4 == 133120
+    # standard: one exp per element of P, in the softmax kernel only
+    r = simulate(gpu, standard_forward(wl))
+    assert {k.name: k.exp_ops for k in r.kernels if k.exp_ops} == {"softmax": 2 * 256 * 256}
