@@ -46,6 +46,10 @@ DOT_DO_O_ROWS = 128      # fmha_bwd_dot_do_o_kernel grid (b, h, ceil(Nq/128)), f
 # them up through shared memory (the FlashAttention-2 paper, section 3.3, names this "split-K"
 # scheme as what slows FlashAttention's forward down). Sets SRAM reads only, never traffic.
 FWD_WARPS_N = 4
+# The backward's warps split the key block the same way (FMHA_kernel_traits<S, D, 16, 1, WARPS_N = 8, ...>
+# in every v1.0.9 bwd config): every warp reads all of Q_i and dO_i, and each warp's partial
+# dQ_i = dS K (over its keys) is added up through shared memory (smem_dq = 16 x d x 4 x WARPS_N).
+BWD_WARPS_N = 8
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -277,12 +281,17 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         n, nc = r1 - r0, c1 - c0
         # FLOPs: five GEMMs of 2*n*nc*d (S = QK^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q,
         # dQ = dS K); vector: recompute P and dS per score (bwd_vector_flops) plus extra_vector.
-        # SRAM: Q_i and dO_i each read by two GEMMs (4*n*d*e), S/dS staged transposed through
-        # Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from smem (2*nc*d*e).
+        # SRAM: every warp reads all of Q_i and dO_i, each for two GEMMs (4*W*n*d*e), S/dS staged
+        # transposed through Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from
+        # smem (2*nc*d*e).
+        W = BWD_WARPS_N
         yield from ctx.compute(matmul_flops=10 * n * nc * d,
                                vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
-                               sram_bytes=(4 * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
+                               sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
                                exp_ops=n * nc)                # recomputing P: an exp per score
+        # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
+        # written to smem_dq and read back, (W-1)*n*d adds
+        yield from ctx.compute(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4)
         if not numeric:
             return None, None, None
         p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
