@@ -222,9 +222,11 @@ def cfg_spec(alg: str):
 
 def explicit(spec, params: dict):
     """The spec's mapping with the given flash blocks, used as they are (not resolved); a
-    backward's own blocks, where the program has them, equal the forward's."""
+    backward's own blocks, where the program has them, equal the forward's; warp counts (flash2:
+    they set shared-memory reads only) are the FA2 kernel's 4 and 8."""
     extra = {f"{k}_bwd": v for k, v in params.items() if f"{k}_bwd" in spec.mapping_fields}
-    return spec.mapping_type(**params, **extra)
+    warps = {k: v for k, v in (("warps", 4), ("warps_bwd", 8)) if k in spec.mapping_fields}
+    return spec.mapping_type(**params, **extra, **warps)
 
 
 @st.composite
