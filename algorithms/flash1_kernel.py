@@ -212,14 +212,15 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 # all of Q_i (K sits in registers), and the row max and row sum are each reduced
                 # across the warps through shared memory (W partials of n fp32 written and read).
                 W = FWD_WARPS_N
-                yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                       sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n)
-                # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
-                yield from ctx.compute(matmul_flops=2 * n * nc * d)
-                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
-                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
-                # to rescale the loaded o_tmp and normalise the output
-                yield from ctx.compute(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4)
+                yield from ctx.compute_chain(
+                    dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
+                         sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
+                    # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
+                    dict(matmul_flops=2 * n * nc * d),
+                    # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
+                    # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
+                    # to rescale the loaded o_tmp and normalise the output
+                    dict(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4))
                 o_new = lse_new = None
                 if numeric:
                     if j == 0:
@@ -285,13 +286,13 @@ def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parall
         # transposed through Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from
         # smem (2*nc*d*e).
         W = BWD_WARPS_N
-        yield from ctx.compute(matmul_flops=10 * n * nc * d,
-                               vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
-                               sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
-                               exp_ops=n * nc)                # recomputing P: an exp per score
-        # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
-        # written to smem_dq and read back, (W-1)*n*d adds
-        yield from ctx.compute(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4)
+        yield from ctx.compute_chain(
+            dict(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
+                 sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
+                 exp_ops=n * nc),                               # recomputing P: an exp per score
+            # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
+            # written to smem_dq and read back, (W-1)*n*d adds
+            dict(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4))
         if not numeric:
             return None, None, None
         p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])

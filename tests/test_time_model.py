@@ -172,3 +172,23 @@ def test_exp_counts_by_hand(gpu):
     # standard: one exp per element of P, in the softmax kernel only
     r = simulate(gpu, standard_forward(wl))
     assert {k.name: k.exp_ops for k in r.kernels if k.exp_ops} == {"softmax": 2 * 256 * 256}
+
+
+def test_a_compute_chain_is_its_phases_back_to_back_in_one_event():
+    gpu = tiny_gpu(sfu_ops_per_clk_per_sm=16)
+    phases = (dict(matmul_flops=3_000_000, vector_flops=100_000, exp_ops=10_000), dict(matmul_flops=1_000_000),
+              dict(vector_flops=50_000, sram_bytes=200_000))
+
+    def chained(ctx, _):
+        yield from ctx.compute_chain(*phases)
+
+    def separate(ctx, _):
+        for ph in phases:
+            yield from ctx.compute(**ph)
+    a = simulate(gpu, Program("a", [Launch("k", 1, 0, chained)]))
+    b = simulate(gpu, Program("b", [Launch("k", 1, 0, separate)]))
+    # each phase is its tensor phase (SRAM reads under it), then its softmax phase: (3 + 9e4 / 5e10 = 1.8,
+    # the 1e4 exps taking 0.625 beside it) + 1 + (2e5 B / 1e11 = 2, then 5e4 / 5e10 = 1) = 8.8 us
+    assert a.time_s == pytest.approx(8.8e-6, rel=1e-12) and b.time_s == pytest.approx(a.time_s, rel=1e-12)
+    assert (a.kernels[0].matmul_flops, a.kernels[0].vector_flops, a.kernels[0].exp_ops) == (4_000_000, 150_000, 10_000)
+    assert a.sim_events < b.sim_events
