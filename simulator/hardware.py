@@ -20,9 +20,10 @@ INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes",
 # Fields that may be zero: no L2 modelled.
 # Fields that may be zero: no L2 modelled; a rate of the time model (time_model.py) the preset
 # does not give, which switches that effect off for this GPU.
-ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "mma_sync_fraction", "sfu_ops_per_clk_per_sm")
+ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
+                  "mma_sync_fraction", "sfu_ops_per_clk_per_sm")
 # Fractions of a peak: at most 1.
-FRACTION_FIELDS = ("hbm_stream_fraction", "mma_sync_fraction")
+FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class GPU:
     max_blocks_per_sm: int = 32       # resident thread blocks per SM (compute capability limit)
     # The time model's numbers (time_model.py); 0 = not given, the effect is off on this GPU.
     hbm_stream_fraction: float = 0.0      # of hbm_bytes_per_s, what a STREAM-like kernel reaches
+    tensor_achievable_fraction: float = 0.0   # of matmul_flops_per_s, what the best measured GEMM reaches
     mma_sync_fraction: float = 0.0        # of matmul_flops_per_s, what the warp-level mma.sync reaches
     sfu_ops_per_clk_per_sm: float = 0.0   # special-function unit results (exp2) per clock per SM
     source: dict = field(default_factory=dict, compare=False, hash=False)

@@ -8,6 +8,9 @@ the predicted time it explains. Nothing here is fitted to a measurement.
 - stream_dram: DRAM serves at the fraction of the spec sheet's `hbm_bytes_per_s` that a
   STREAM-like kernel reaches (`hbm_stream_fraction`, 86-89% on A100 and H100): refresh,
   read/write turnarounds and bank conflicts are never avoided.
+- achievable_tensor: the tensor cores deliver the fraction of the spec sheet's peak that the
+  best measured GEMM reaches (`tensor_achievable_fraction`; A100: cuBLAS at 92%): operand
+  delivery, issue and clock never let a real kernel run the pipes at 100%.
 - mma_sync: a kernel written with the warp-level `mma.sync` instruction (FlashAttention 1 and 2;
   Launch.tensor_op = "mma.sync") gets `mma_sync_fraction` of `matmul_flops_per_s` from the
   tensor cores. On A100 that is all of it (mma.sync is sm80's tensor-core instruction); on H100
@@ -45,6 +48,7 @@ TENSOR_OPS = (MMA_SYNC, LIBRARY)
 class TimeModel:
     """Which effects are on (all by default). `off(name)` gives the model without one."""
     stream_dram: bool = True
+    achievable_tensor: bool = True
     mma_sync: bool = True
     sfu_exp: bool = True
     fp32_ops: bool = True
@@ -83,8 +87,11 @@ class SmRates:
     def __init__(self, gpu, model: TimeModel):
         sms = gpu.sm_count
         # tensor cores: seconds per FLOP for each kind of instruction
+        peak = gpu.matmul_flops_per_s
+        if model.achievable_tensor and gpu.tensor_achievable_fraction > 0:
+            peak *= gpu.tensor_achievable_fraction
         mma_sync = gpu.mma_sync_fraction if model.mma_sync and gpu.mma_sync_fraction > 0 else 1.0
-        self.s_per_flop = {LIBRARY: sms / gpu.matmul_flops_per_s, MMA_SYNC: sms / (gpu.matmul_flops_per_s * mma_sync)}
+        self.s_per_flop = {LIBRARY: sms / peak, MMA_SYNC: sms / (peak * mma_sync)}
         # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
         self.s_per_vec_op = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
         # SFU: 0 means exp is an ordinary vector operation (the effect off or no rate given)

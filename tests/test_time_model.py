@@ -56,6 +56,15 @@ def test_a_blocks_gemm_and_softmax_add_up():
     assert time_of(gpu, ALL, sram_bytes=400_000, **work) == pytest.approx(6e-6, rel=1e-12)
 
 
+def test_tensor_cores_run_at_the_achievable_fraction():
+    gpu = tiny_gpu(tensor_achievable_fraction=0.8, mma_sync_fraction=0.5)
+    # 1e6 FLOPs at 0.8 x 1e12 = 1.25 us; with mma.sync on top, 0.5 of that rate: 2.5 us
+    assert time_of(gpu, ALL, "library", matmul_flops=1_000_000) == pytest.approx(1.25e-6, rel=1e-12)
+    assert time_of(gpu, ALL, MMA_SYNC, matmul_flops=1_000_000) == pytest.approx(2.5e-6, rel=1e-12)
+    off = ALL.off("achievable_tensor")
+    assert time_of(gpu, off, "library", matmul_flops=1_000_000) == pytest.approx(1e-6, rel=1e-12)
+
+
 def test_mma_sync_gets_its_fraction_of_the_tensor_peak():
     gpu = tiny_gpu(mma_sync_fraction=0.5)
     assert time_of(gpu, ALL, MMA_SYNC, matmul_flops=1_000_000) == pytest.approx(2e-6, rel=1e-12)
@@ -97,10 +106,14 @@ def test_bad_names_and_numbers_are_refused():
 
 def test_presets_give_every_number_with_a_source(a100, h100):
     for gpu in (a100, h100):
-        for name in ("hbm_stream_fraction", "mma_sync_fraction", "sfu_ops_per_clk_per_sm"):
-            assert getattr(gpu, name) > 0 and len(gpu.source[name]) > 80, (gpu.name, name)
+        for name in ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
+                     "sfu_ops_per_clk_per_sm"):
+            assert len(gpu.source[name]) > 80, (gpu.name, name)
+            assert getattr(gpu, name) > 0 or (gpu is h100 and name == "tensor_achievable_fraction")
         assert gpu.sfu_ops_per_clk_per_sm == 16                   # CUDA guide, cc 8.0 and 9.0
     assert a100.mma_sync_fraction == 1.0 and h100.mma_sync_fraction == pytest.approx(2 / 3, abs=1e-4)
+    assert a100.tensor_achievable_fraction == pytest.approx(286.9 / 312, abs=1e-4)     # LLMCompass cuBLAS
+    assert h100.tensor_achievable_fraction == 0                                       # no source: off
     assert a100.hbm_stream_fraction == pytest.approx(1360 / 1555, abs=1e-4)
     assert h100.hbm_stream_fraction == pytest.approx(2.97 / 3.35, abs=1e-4)
 
