@@ -15,7 +15,7 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   Launch.tensor_op = "mma.sync") gets `mma_sync_fraction` of `matmul_flops_per_s` from the
   tensor cores. On A100 that is all of it (mma.sync is sm80's tensor-core instruction); on H100
   the peak needs the warpgroup-level `wgmma`, and mma.sync reaches about 2/3 of it. Library GEMMs
-  (cuBLAS) use the best instruction and run at `matmul_flops_per_s`.
+  (cuBLAS) use the best instruction: `matmul_flops_per_s` (times the achievable fraction).
 - sfu_exp: exp runs on the special-function unit (`sfu_ops_per_clk_per_sm`: 16 results per clock
   per SM on sm80 and sm90, at `clock_hz`), not at the FP32 rate; each `compute` call says how
   many exps it does (`exp_ops`, a part of its `vector_flops`).
@@ -32,6 +32,8 @@ the predicted time it explains. Nothing here is fitted to a measurement.
 
 With every effect off, the model is the old one: DRAM at the spec sheet's rate and a compute
 call as long as the slowest of its tensor-core, vector and SRAM times at the SM's peak rates.
+(Phases a program chains with `compute_chain`, such as FA1's split-K reductions, still add up:
+they are the program's dependencies, not an effect of the model.)
 """
 from __future__ import annotations
 
