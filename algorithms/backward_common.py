@@ -48,12 +48,15 @@ def recompute_p(wl: Workload, scale: float, q, k, ok, lse) -> np.ndarray:
     return np.exp(s - lse_safe[:, None])
 
 
-def tile_grads(wl: Workload, scale: float, q, k, v, d_o, p, big_d, keep):
-    """One (query block, K/V block) tile of the backward: returns dQ, dK, dV contributions."""
+def tile_grads(wl: Workload, scale: float, q, k, v, d_o, p, big_d, keep, steps: dict | None = None):
+    """One (query block, K/V block) tile of the backward: returns dQ, dK, dV contributions (and
+    puts dP and dS in `steps`, when given, for annotations)."""
     p_drop = p if keep is None else p * keep
-    d_v = p_drop.T @ d_o
-    d_p = d_o @ v.T
+    d_v = p_drop.T @ d_o                       # dV_j += P_ij^T dO_i
+    d_p = d_o @ v.T                            # dP_ij = dO_i V_j^T
     if keep is not None:
         d_p = d_p * keep
-    d_s = p * (d_p - big_d[:, None])
+    d_s = p * (d_p - big_d[:, None])           # dS_ij = P_ij o (dP_ij - D_i)
+    if steps is not None:
+        steps.update(dP=d_p, dS=d_s)
     return scale * (d_s @ k), scale * (d_s.T @ q), d_v

@@ -81,6 +81,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
                 s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
+                m_old = m
                 m_new = np.maximum(m, s.max(axis=1))
                 m_safe = finite_or_zero(m_new)
                 p = np.exp(s - m_safe[:, None])
@@ -96,6 +97,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
+                ctx.note("flash2 tile", g=g, rows=(r0, r1), cols=(c0, c1), S=s, tile_max=s.max(axis=1),
+                         m_old=m_old, m_new=m, c=alpha, P=p, l=l, O=acc)
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
         o_tile = lse_tile = None
         if numeric:
@@ -104,6 +107,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             o_tile[pos] = acc[pos] / l[pos, None]
             lse_tile = np.full((n, 1), -np.inf)
             lse_tile[pos, 0] = m[pos] + np.log(l[pos])
+            ctx.note("flash2 final", g=g, rows=(r0, r1), m=m, l=l, O=o_tile, lse=lse_tile[:, 0])
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),

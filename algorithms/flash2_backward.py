@@ -107,7 +107,10 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         n = rows.stop - rows.start
         d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
         yield from ctx.compute(vector_flops=2 * n * d)        # D = rowsum(dO o O): a multiply and an add per element
-        yield from ctx.store_tiles((D[g], rows, one, None if not numeric else (d_o * o).sum(axis=1, keepdims=True)),
+        big_d = None if not numeric else (d_o * o).sum(axis=1, keepdims=True)
+        if numeric:
+            ctx.note("flash2 D", g=g, rows=(rows.start, rows.stop), D=big_d[:, 0])
+        yield from ctx.store_tiles((D[g], rows, one, big_d),
                                    (dQacc[g], rows, all_cols, np.zeros((n, d)) if numeric else None))
 
     def bwd(ctx, index):
@@ -139,8 +142,11 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
+                steps: dict = {}
                 dq_part, dk_part, dv_part = tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
-                                                       None if keep is None else keep[g, r0:r1, c0:c1])
+                                                       None if keep is None else keep[g, r0:r1, c0:c1], steps)
+                ctx.note("flash2 bwd tile", g=g, rows=(r0, r1), cols=(c0, c1), lse=lse[:, 0], P=p, dV=dv_part,
+                         dP=steps["dP"], dS=steps["dS"], dQ=dq_part, dK=dk_part)
                 dk_acc += dk_part
                 dv_acc += dv_part
             yield from ctx.atomic_add(dQacc[g], rows, all_cols, dq_part)

@@ -71,6 +71,9 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
             yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * itemsize)
             if numeric:
                 acc += (a.T if a_transposed else a) @ (b.T if b_transposed else b)
+        if numeric:
+            ctx.note("gemm", g=g, out=C.name, rows=(rows.start, rows.stop), cols=(cols.start, cols.stop),
+                     value=scale * acc)
         yield from ctx.store(C[g], rows, cols, None if acc is None else scale * acc)
 
     return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(itemsize, tm, tn, tk), block, allocs, frees,
@@ -181,6 +184,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
             ex = np.exp(s - np.where(np.isfinite(mx), mx, 0.0))
             tot = ex.sum(axis=1, keepdims=True)
             p = np.divide(ex, tot, out=np.zeros_like(ex), where=tot > 0)
+            ctx.note("softmax", g=g, rows=(rows.start, rows.stop), S=s, max=mx[:, 0], exp=ex, sum=tot[:, 0], P=p)
         yield from store_panel(ctx, P, g, rows, p_chunks, p)
     launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,)))
 

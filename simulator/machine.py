@@ -61,9 +61,11 @@ class LaunchState:
 
 
 class Machine:
-    def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None):
+    def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
+                 listener: Callable | None = None):
         self.gpu = gpu
         self.trace = trace
+        self.listener = listener      # gets the programs' annotations (BlockContext.note), if anyone listens
         self.model = TimeModel() if model is None else model
         self.env = simpy.Environment()
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
@@ -257,6 +259,7 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
-             model: TimeModel | None = None) -> SimResult:
-    """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on)."""
-    return Machine(gpu, trace, model).run(program, max_events)
+             model: TimeModel | None = None, listener: Callable | None = None) -> SimResult:
+    """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
+    `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations."""
+    return Machine(gpu, trace, model, listener).run(program, max_events)

@@ -191,6 +191,13 @@ class BlockContext:
         if done_s > env.now:
             yield env.timeout(done_s - env.now)
 
+    def note(self, what: str, **values) -> None:
+        """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
+        passed to the machine's listener, and nothing at all when nobody listens."""
+        listener = self._m.listener
+        if listener is not None:
+            listener(self._m.env.now, self.sm, self.kernel.name, self.block, what, values)
+
     def compute_chain(self, *phases: dict):
         """Several compute calls that depend on each other (each a dict of `compute`'s arguments),
         run back to back on this SM: the same time as calling `compute` for each, in one event."""
