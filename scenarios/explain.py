@@ -9,8 +9,9 @@ of each part, which compares with the float64 reference.
 Sections: standard attention kernel by kernel (S = QK^T, the row max, exponentials and sums, P,
 O, and the bytes each kernel moves through global memory); flash attention (flash2) tile by tile
 (the loads, S_ij, the tile max, m_old -> m_new, c = exp(m_old - m_new), the local exponentials,
-l, the unnormalised O, the final division by l); then flash2's backward pass (D = rowsum(dO o O),
-and per tile P recomputed from the log-sum-exp, dV, dP, dS, dQ, dK).
+l, the unnormalised O, the final division by l); flash2's backward pass (D = rowsum(dO o O),
+and per tile P recomputed from the log-sum-exp, dV, dP, dS, dQ, dK); and softmax on its own
+(algorithms/softmax.py): three passes over global memory (safe), two (online), none (fused).
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import numpy as np
 
 from hbmsim.algorithms.flash2_backward import flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
+from hbmsim.algorithms.softmax import softmax_program
 from hbmsim.algorithms.standard import standard_forward
 from hbmsim.algorithms.workload import AttentionData, Workload
-from hbmsim.simulator import HbmsimError, simulate
+from hbmsim.simulator import HbmsimError, Tensor, simulate
 
 # The worked example (README, "What the demo shows"): 4 x 4, scale 1, blocks of 2.
 DEFAULT_Q = [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]]
@@ -151,7 +153,8 @@ def _bytes_by_kernel(result) -> list:
     return lines
 
 
-def standard_part(ex: Example, gpu) -> tuple[list, np.ndarray]:
+def standard_part(ex: Example, gpu) -> tuple[list, np.ndarray, np.ndarray]:
+    """(lines, O, the scores the softmax kernel read)."""
     wl, data = ex.workload(), ex.data()
     notes = Notes()
     result = simulate(gpu, standard_forward(wl, data), listener=notes.note)
@@ -164,8 +167,10 @@ def standard_part(ex: Example, gpu) -> tuple[list, np.ndarray]:
     out.append(_matrix("S", s))
     if ex.scale != 1.0:
         out.append(f"  (kernel scale multiplies S by {ex.scale:g}, reading and writing it again)")
+    softmax_in = np.zeros((wl.seq_len_q, wl.seq_len_kv))
     for *_, v in notes.of("softmax"):
         r0, _ = v["rows"]
+        softmax_in[slice(*v["rows"])] = v["S"]
         out.append(f"  softmax, rows {v['rows'][0]}..{v['rows'][1] - 1} (kernel softmax reads S, writes P):")
         for i in range(len(v["max"])):
             out.append(f"    row {r0 + i}: max {fmt(v['max'][i])}, exp(S - max) = {fmt(v['exp'][i])}, "
@@ -178,7 +183,7 @@ def standard_part(ex: Example, gpu) -> tuple[list, np.ndarray]:
     total = sum(k.total("read") + k.total("write") for k in result.kernels)
     out.append(f"  in all {total} B, of which S and P make {sum(_nn_bytes(k) for k in result.kernels)} B: "
                "they grow as N^2")
-    return out, o
+    return out, o, softmax_in
 
 
 def _nn_bytes(kernel) -> int:
@@ -240,6 +245,28 @@ def backward_part(ex: Example, flash: dict) -> list:
     return out
 
 
+def softmax_part(ex: Example, gpu, s: np.ndarray) -> list:
+    """Softmax of the scores standard attention's softmax kernel read (scaled, masked), on its own: how
+    many passes over global memory each form needs."""
+    out = ["4. Softmax on its own: passes over global memory (input: the scores of part 1's softmax kernel)", ""]
+    x = s[None]
+    for kind, passes in (("safe", "max, then sum of exps, then write: 3 reads"),
+                         ("online", "running max and rescaled sum in one read, then write: 2 reads")):
+        notes = Notes()
+        r = simulate(gpu, softmax_program(kind, Tensor("X", x.shape, ex.dtype, x.copy()), ex.block_kv),
+                     listener=notes.note)
+        t = r.kernels[0].tensors
+        out.append(f"  {kind} softmax ({passes}): X {t['X'].read} B read, Y {t['Y'].write} B written, "
+                   f"{r.time_s * 1e9:.1f} ns predicted")
+        if kind == "online":
+            for *_, v in notes.of("online softmax chunk"):
+                if v["row"] == 0:
+                    out.append(f"    row 0, columns {v['cols'][0]}..{v['cols'][1] - 1}: m {fmt(v['m_old'])} -> "
+                               f"{fmt(v['m_new'])}, c = {fmt(v['c'])}, l = {fmt(v['l'])}")
+    out.append("  fused into attention (flash2): 0 B: the scores never leave the chip (part 2)")
+    return out
+
+
 def explain(ex: Example, gpu) -> str:
     """The whole walkthrough as text."""
     wl, data = ex.workload(), ex.data()
@@ -249,7 +276,7 @@ def explain(ex: Example, gpu) -> str:
     lines = [f"Attention on {ex.source}: N_q = {wl.seq_len_q}, N_kv = {wl.seq_len_kv}, head dim {wl.head_dim}, "
              f"scale {ex.scale:g}{', causal' if ex.causal else ''}, stored as {ex.dtype}, on {gpu.name}",
              "(values from the simulated programs; times predicted by hbmsim)", ""]
-    std, o_std = standard_part(ex, gpu)
+    std, o_std, softmax_in = standard_part(ex, gpu)
     fl, flash = flash_part(ex, gpu)
     o_flash = flash["result"].outputs["O"].reshape(wl.seq_len_q, wl.head_dim)
     lines += std + [""] + fl + ["", f"  O_flash - O_standard: max |difference| {np.max(np.abs(o_flash - o_std)):.1e}; "
@@ -258,4 +285,5 @@ def explain(ex: Example, gpu) -> str:
     worst = max(float(np.max(np.abs(flash["result"].outputs[n].reshape(grads[n].shape) - grads[n])))
                 for n in ("dQ", "dK", "dV"))
     lines.append(f"  dQ, dK, dV against the float64 reference: max |difference| {worst:.1e}")
+    lines += [""] + softmax_part(ex, gpu, softmax_in)
     return "\n".join(lines)

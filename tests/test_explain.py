@@ -145,3 +145,13 @@ def test_annotations_cost_nothing_when_nobody_listens(a100):
     quiet = simulate(a100, flash2_forward(ex.workload(), 2, 2, ex.data()))
     loud = simulate(a100, flash2_forward(ex.workload(), 2, 2, ex.data()), listener=lambda *a: heard.append(a))
     assert len(heard) == 4 + 2 and quiet.time_s == loud.time_s and quiet.sim_events == loud.sim_events
+
+
+def test_softmax_passes_section(capsys):
+    assert main(["explain"]) == 0
+    out = capsys.readouterr().out
+    # S is 4 x 4 fp32 = 64 B: safe reads it 3 times, online twice, the fused form not at all
+    assert "safe softmax (max, then sum of exps, then write: 3 reads): X 192 B read, Y 64 B written" in out
+    assert "online softmax (running max and rescaled sum in one read, then write: 2 reads): X 128 B read" in out
+    # online softmax's running max and sum on row 0 in chunks of 2 are flash's tile-by-tile m and l
+    assert "row 0, columns 2..3: m 1.000 -> 2.000, c = 0.368, l = 1.639" in out
