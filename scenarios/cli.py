@@ -72,6 +72,8 @@ def cmd_run(args) -> int:
         check_output_path(args.json, "--json")
     if args.plot:
         check_output_path(check_plot_path(args.plot), "--plot")
+    if args.roofline:
+        check_output_path(check_plot_path(args.roofline), "--roofline")
     size = sweep_size(args.file)
     if size > CONFIRM_CONFIGS and not args.yes:
         raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
@@ -134,6 +136,10 @@ def cmd_run(args) -> int:
     if args.plot:
         png = report.plot_vs_seq_len(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)")
         print(f"wrote {png}", file=out)
+    if args.roofline:
+        from . import roofline
+        png = roofline.plot(results, exp.gpu, args.roofline, f"Roofline of {exp.name} on {exp.gpu.name}")
+        print(f"wrote {png}", file=out)
     return 0
 
 
@@ -177,7 +183,9 @@ def cmd_demo(args) -> int:
     _write_json(results, str(out / "demo.json"), exp.name)
     png = report.plot_vs_seq_len(results, out / "demo.png",
                                  f"Attention forward on {exp.gpu.name}: predicted by hbmsim (simulated, not measured)")
-    print(f"\nWrote {png} and {out / 'demo.json'} (folder: {out.resolve()})")
+    from . import roofline
+    roof = roofline.plot(results, exp.gpu, out / "roofline.png", f"Roofline: attention forward on {exp.gpu.name}")
+    print(f"\nWrote {png}, {roof.name} and {out / 'demo.json'} (folder: {out.resolve()})")
     return 0
 
 
@@ -316,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
     r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
+    r.add_argument("--roofline", metavar="PNG", help="plot every kernel on the machine's roofline")
     r.add_argument("--trace", type=count(0), default=0, metavar="N",
                    help="print the first N simulator events of each run")
     r.add_argument("--yes", action="store_true",
