@@ -74,6 +74,8 @@ def cmd_run(args) -> int:
         check_output_path(check_plot_path(args.plot), "--plot")
     if args.roofline:
         check_output_path(check_plot_path(args.roofline), "--roofline")
+    if args.timeline:
+        check_output_path(args.timeline, "--timeline")
     size = sweep_size(args.file)
     if size > CONFIRM_CONFIGS and not args.yes:
         raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
@@ -93,6 +95,7 @@ def cmd_run(args) -> int:
             print(f"# trace of {cfg.run.algorithm} (first {args.trace} events, predicted times)", file=out)
             run_config(cfg, count_only=True, trace=_tracer(args.trace, out), model=time_model(args))
     results: list[dict] = []
+    timelines: list | None = [] if args.timeline else None
     done = [0]
 
     def progress(i, total, cfg, result, wall_s):
@@ -117,7 +120,7 @@ def cmd_run(args) -> int:
 
     try:
         run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
-                       model=time_model(args))
+                       model=time_model(args), timelines=timelines)
     except KeyboardInterrupt:
         finish(False, f"interrupted after {done[0]} of {n} configurations")
         raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
@@ -140,7 +143,30 @@ def cmd_run(args) -> int:
         from . import roofline
         png = roofline.plot(results, exp.gpu, args.roofline, f"Roofline of {exp.name} on {exp.gpu.name}")
         print(f"wrote {png}", file=out)
+    if args.timeline:
+        write_text_atomic(args.timeline, timeline_json(timelines, exp.name))
+        print(f"wrote {args.timeline} (Chrome trace events: open in ui.perfetto.dev or chrome://tracing)", file=out)
     return 0
+
+
+def timeline_json(timelines: list, name: str) -> str:
+    """Every configuration's timeline in one Chrome trace: configuration i's tracks are processes
+    10 i + 1..3 (SMs, kernels, HBM), each named after its configuration."""
+    events, other = [], {"source": "predicted by hbmsim (simulated, not measured)",
+                         "time_unit": "microseconds of predicted time; every configuration starts at 0",
+                         "configurations": []}
+    for i, (cfg, tl) in enumerate(timelines):
+        doc = tl.to_chrome(cfg.gpu.sm_count, name)
+        wl = cfg.workload
+        label = (f"{cfg.run.algorithm} {'+'.join(cfg.run.passes)} N={wl.seq_len_q}x{wl.seq_len_kv} d={wl.head_dim} "
+                 f"B*H={wl.groups}")
+        for e in doc["traceEvents"]:
+            e = dict(e, pid=10 * i + e["pid"])
+            if e["ph"] == "M" and e["name"] == "process_name":
+                e["args"] = {"name": f"config {i + 1} ({label}): {e['args']['name']}"}
+            events.append(e)
+        other["configurations"].append({"label": label, "blocks_drawn": doc["otherData"]["blocks_drawn"]})
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}) + "\n"
 
 
 class Interrupted(Exception):
@@ -325,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
     r.add_argument("--roofline", metavar="PNG", help="plot every kernel on the machine's roofline")
+    r.add_argument("--timeline", metavar="JSON", help="write the run as Chrome trace events (Perfetto): a track per "
+                   "SM with its blocks, loads and compute, the kernels, and the DRAM bandwidth in use")
     r.add_argument("--trace", type=count(0), default=0, metavar="N",
                    help="print the first N simulator events of each run")
     r.add_argument("--yes", action="store_true",

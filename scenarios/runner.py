@@ -114,7 +114,7 @@ def workload_dict(wl: Workload) -> dict:
 
 
 def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None,
-               model: TimeModel | None = None) -> list[dict]:
+               model: TimeModel | None = None, recorder=None) -> list[dict]:
     """Simulate one configuration, timed by `model` (default: every effect on); one result per
     requested pass (+ the total of a training step)."""
     model = TimeModel() if model is None else model
@@ -122,7 +122,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     training = "backward" in cfg.run.passes
     numeric = not count_only and numerics_bytes(wl, cfg.run.spec, training) <= NUMERICS_BUDGET_BYTES
     data = random_data(wl, seed) if numeric else None
-    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model)
+    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model, recorder=recorder)
     errors = {}
     if numeric:
         o_ref, _ = attention_forward(wl, data)
@@ -151,7 +151,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
 
 def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable | None = None,
                    results: list | None = None, on_result: Callable | None = None,
-                   model: TimeModel | None = None) -> list[dict]:
+                   model: TimeModel | None = None, timelines: list | None = None) -> list[dict]:
     """Run every configuration in order. Results are appended to `results` (a list the caller
     may keep, so that what finished survives an error or Ctrl-C) and `on_result(results)` is
     called after each configuration (e.g. to write the file so far)."""
@@ -159,7 +159,12 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
     n = len(exp.configs)
     for i, cfg in enumerate(exp.configs):
         t0 = time.perf_counter()
-        rs = run_config(cfg, count_only, model=model)
+        recorder = None
+        if timelines is not None:
+            from hbmsim.simulator.timeline import Timeline
+            recorder = Timeline()
+            timelines.append((cfg, recorder))
+        rs = run_config(cfg, count_only, model=model, recorder=recorder)
         results.extend(rs)
         if on_result:
             on_result(results)

@@ -62,9 +62,10 @@ class LaunchState:
 
 class Machine:
     def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
-                 listener: Callable | None = None):
+                 listener: Callable | None = None, recorder=None):
         self.gpu = gpu
         self.trace = trace
+        self.recorder = recorder      # a timeline.Timeline, or None: nothing recorded, nothing paid
         self.listener = listener      # gets the programs' annotations (BlockContext.note), if anyone listens
         self.model = TimeModel() if model is None else model
         self.env = simpy.Environment()
@@ -90,7 +91,12 @@ class Machine:
                        f"SRAM reads {sram_bytes} B")
         work_s = self.rates.compute_s(ctx._launch.s_per_flop, matmul_flops, vector_flops, exp_ops, sram_bytes)
         try:
-            return self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
+            done_s = self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
+            if self.recorder is not None:
+                self.recorder.compute(ctx.sm, k.name, ctx.block, done_s - work_s, done_s,
+                                      {"matmul_flops": matmul_flops, "vector_flops": vector_flops, "exp_ops": exp_ops,
+                                       "sram_bytes": sram_bytes})
+            return done_s
         except HbmsimError:                              # the pipe's clock left the float range
             self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
                            f"flop and {sram_bytes} SRAM bytes")
@@ -154,6 +160,8 @@ class Machine:
         if state.drain_s > env.now:          # stores still queued at L2
             yield env.timeout(state.drain_s - env.now)
         k.end_s = env.now
+        if self.recorder is not None:
+            self.recorder.kernel(k.name, k.start_s, k.end_s, launch.grid)
         hbm1, sms1 = self._busy()
         k.hbm_busy_s = hbm1 - hbm0
         k.compute_busy_s = max(b - a for a, b in zip(sms0, sms1))
@@ -165,10 +173,14 @@ class Machine:
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
+        recorder = self.recorder
         while state.next_block < launch.grid:
             ctx.block = state.next_block
             state.next_block += 1
+            start_s = self.env.now
             yield from block_fn(ctx, ctx.block)
+            if recorder is not None:
+                recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
         resident[sm] -= launch.sram_bytes
         state.running -= 1
         if state.running == 0:
@@ -259,7 +271,8 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
-             model: TimeModel | None = None, listener: Callable | None = None) -> SimResult:
+             model: TimeModel | None = None, listener: Callable | None = None, recorder=None) -> SimResult:
     """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
-    `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations."""
-    return Machine(gpu, trace, model, listener).run(program, max_events)
+    `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations;
+    `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace."""
+    return Machine(gpu, trace, model, listener, recorder).run(program, max_events)

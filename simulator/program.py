@@ -181,7 +181,21 @@ class BlockContext:
             self._launch.track_store(m.hbm.request(m.writeback_bytes), 0.0)
             m.writeback_bytes = 0
         l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
-        return (m.hbm.request(hbm_bytes) if hbm_bytes else None), l2_done_s
+        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
+        if m.recorder is not None:
+            self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
+        return hbm_ev, l2_done_s
+
+    def _record(self, tiles, write: bool, hbm_ev, hbm_bytes: int, l2_bytes: int, l2_done_s: float) -> None:
+        """One transfer for the timeline: from now until its DRAM part and its L2 part are served."""
+        m, rec = self._m, self._m.recorder
+        start_s, sm, kernel, block = m.env.now, self.sm, self.kernel.name, self.block
+        what = ("store " if write else "load ") + " ".join(dict.fromkeys(t[0].tensor.name for t in tiles))
+        if hbm_ev is None:
+            rec.transfer(sm, kernel, block, what, start_s, max(start_s, l2_done_s), 0, l2_bytes)
+        else:
+            hbm_ev.callbacks.append(lambda _ev: rec.transfer(sm, kernel, block, what, start_s,
+                                                             max(m.env.now, l2_done_s), hbm_bytes, l2_bytes))
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0):
         """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the

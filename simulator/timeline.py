@@ -1,0 +1,92 @@
+"""A run as Chrome trace events (Perfetto, chrome://tracing): a track per SM with its blocks, their
+loads and their compute, a track of kernels, and a counter of the DRAM bandwidth in use.
+
+The machine calls the recorder only when one is attached (Machine(..., recorder=Timeline())), so a
+run without a timeline pays nothing. Big runs are capped: only the first `max_blocks` blocks of
+each kernel are recorded, and the file says so. Times in the file are microseconds (Chrome's unit)
+of predicted time.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+MAX_BLOCKS = 256        # blocks recorded per kernel, so a big run's file stays small
+
+PID_SMS, PID_KERNELS, PID_HBM = 1, 2, 3
+
+
+class Timeline:
+    def __init__(self, max_blocks: int = MAX_BLOCKS):
+        self.max_blocks = max_blocks
+        self.events: list = []
+        self.hbm: list = []                # (start_s, end_s, bytes) of every DRAM transfer recorded
+        self.compute_s: dict = defaultdict(float)   # (kernel, sm) -> recorded compute seconds
+        self.skipped_blocks = 0
+        self.kernels: list = []
+
+    def keeps(self, block: int) -> bool:
+        return block < self.max_blocks
+
+    # ---- what the machine calls ------------------------------------------------------------
+    def block(self, sm: int, kernel: str, block: int, start_s: float, end_s: float) -> None:
+        if not self.keeps(block):
+            self.skipped_blocks += 1
+            return
+        self._x(f"{kernel} block {block}", "block", PID_SMS, sm, start_s, end_s, {"kernel": kernel, "block": block})
+
+    def compute(self, sm: int, kernel: str, block: int, start_s: float, end_s: float, work: dict) -> None:
+        self.compute_s[(kernel, sm)] += end_s - start_s
+        if self.keeps(block):
+            self._x("compute", "compute", PID_SMS, sm, start_s, end_s, dict(work, block=block))
+
+    def transfer(self, sm: int, kernel: str, block: int, what: str, start_s: float, end_s: float,
+                 hbm_bytes: int, l2_bytes: int) -> None:
+        if hbm_bytes:
+            self.hbm.append((start_s, end_s, hbm_bytes))
+        if self.keeps(block):
+            self._x(what, "memory", PID_SMS, sm, start_s, end_s,
+                    {"block": block, "hbm_bytes": hbm_bytes, "l2_bytes": l2_bytes})
+
+    def kernel(self, name: str, start_s: float, end_s: float, grid: int) -> None:
+        self.kernels.append(name)
+        self._x(name, "kernel", PID_KERNELS, 0, start_s, end_s, {"grid": grid})
+
+    # ---- the file --------------------------------------------------------------------------
+    def _x(self, name, cat, pid, tid, start_s, end_s, args) -> None:
+        self.events.append({"name": name, "cat": cat, "ph": "X", "ts": start_s * 1e6,
+                            "dur": max(0.0, end_s - start_s) * 1e6, "pid": pid, "tid": tid, "args": args})
+
+    def bandwidth_counter(self) -> list:
+        """DRAM bandwidth in use (GB/s), each transfer counted at its average rate over its own
+        interval: "C" events at every change."""
+        edges = defaultdict(float)
+        for t0, t1, nbytes in self.hbm:
+            if t1 > t0:
+                rate = nbytes / (t1 - t0)
+                edges[t0] += rate
+                edges[t1] -= rate
+        out, level = [], 0.0
+        for t in sorted(edges):
+            level += edges[t]
+            out.append({"name": "DRAM bandwidth in use", "ph": "C", "ts": t * 1e6, "pid": PID_HBM, "tid": 0,
+                        "args": {"GB/s": max(0.0, level) / 1e9}})
+        return out
+
+    def to_chrome(self, sm_count: int, title: str) -> dict:
+        names = [{"name": "process_name", "ph": "M", "pid": PID_SMS, "tid": 0, "args": {"name": "SMs"}},
+                 {"name": "process_name", "ph": "M", "pid": PID_KERNELS, "tid": 0, "args": {"name": "kernels"}},
+                 {"name": "process_name", "ph": "M", "pid": PID_HBM, "tid": 0, "args": {"name": "HBM"}}]
+        used = sorted({e["tid"] for e in self.events if e["pid"] == PID_SMS})
+        names += [{"name": "thread_name", "ph": "M", "pid": PID_SMS, "tid": sm, "args": {"name": f"SM {sm}"}}
+                  for sm in used]
+        cap = (f"only the first {self.max_blocks} blocks of each kernel are drawn ({self.skipped_blocks} blocks "
+               "left out); the kernels track and the DRAM counter cover the whole run" if self.skipped_blocks
+               else "every block is drawn")
+        return {"traceEvents": names + self.events + self.bandwidth_counter(), "displayTimeUnit": "ns",
+                "otherData": {"title": title, "source": "predicted by hbmsim (simulated, not measured)",
+                              "time_unit": "microseconds of predicted time", "sm_count": sm_count,
+                              "blocks_drawn": cap}}
+
+    def dumps(self, sm_count: int, title: str) -> str:
+        return json.dumps(self.to_chrome(sm_count, title)) + "\n"
