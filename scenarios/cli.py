@@ -227,6 +227,10 @@ def cmd_explain(args) -> int:
         ex = X.random_example(*args.random, args.seed, **opts)
     else:
         ex = X.default_example(**opts)
+    nq, nkv, d = ex.q.shape[0], ex.k.shape[0], ex.q.shape[1]
+    if max(nq, nkv) > X.MAX_ROWS or d > X.MAX_HEAD_DIM:
+        raise HbmsimError(f"explain: {nq} x {nkv} with head dim {d} is too big to print (at most {X.MAX_ROWS} rows "
+                          f"and head dim {X.MAX_HEAD_DIM}); `hbmsim run` simulates big workloads")
     for name, value, n in (("--block-q", args.block_q, ex.q.shape[0]), ("--block-kv", args.block_kv, ex.k.shape[0])):
         if value > n:
             raise HbmsimError(f"explain: {name} = {value} is longer than the sequence ({n} rows)")

@@ -33,6 +33,7 @@ DEFAULT_Q = [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]]
 DEFAULT_K = [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]]
 DEFAULT_V = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
 DEFAULT_DO = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+MAX_ROWS, MAX_HEAD_DIM = 256, 256    # a walkthrough prints every score: bigger is for `hbmsim run`
 
 
 @dataclass(frozen=True)

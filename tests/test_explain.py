@@ -135,6 +135,8 @@ def test_nan_and_blocks_longer_than_the_sequence(tmp_path, capsys):
     assert "array 'Q' contains NaN or inf" in capsys.readouterr().err
     assert main(["explain", "--block-q", "8"]) == 2
     assert "--block-q = 8 is longer than the sequence (4 rows)" in capsys.readouterr().err
+    assert main(["explain", "--random", "100000", "4", "4"]) == 2
+    assert "too big to print (at most 256 rows" in capsys.readouterr().err
 
 
 def test_annotations_cost_nothing_when_nobody_listens(a100):
