@@ -86,7 +86,7 @@ def cmd_run(args) -> int:
     if estimate_s > CONFIRM_WALL_S and not args.yes:
         raise HbmsimError(f"{exp.path}: {n:,} configuration(s), estimated {_fmt_duration(estimate_s)} of simulation "
                           f"on this machine (more than {_fmt_duration(CONFIRM_WALL_S)}): pass --yes to start")
-    if estimate_s > 2:                                 # long work says so before it starts
+    if estimate_s > 2 and not args.quiet:             # long work says so before it starts
         print(f"{exp.name}: {n} configuration(s), roughly {_fmt_duration(estimate_s)} of simulation (estimated)",
               file=sys.stderr)
     out = sys.stderr if to_stdout else sys.stdout     # with --json -, stdout carries only the JSON
@@ -98,9 +98,17 @@ def cmd_run(args) -> int:
     timelines: list | None = [] if args.timeline else None
     done = [0]
 
-    def progress(i, total, cfg, result, wall_s):
-        done[0] = i
-        stderr_progress(i, total, cfg, result, wall_s)
+    from .progress import RunProgress, wanted
+    bars = RunProgress(n, estimated_wall_s, enabled=wanted(args.quiet))
+
+    class Progress:                       # counts what finished; draws the bars when wanted
+        start = staticmethod(bars.start)
+
+        @staticmethod
+        def done(i, total, cfg, result, wall_s):
+            done[0] = i
+            bars.done(i, total, cfg, result, wall_s)
+    progress = Progress()
 
     def save(rs):
         if args.json and not to_stdout:
@@ -119,8 +127,11 @@ def cmd_run(args) -> int:
                 print(text)
 
     try:
-        run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
-                       model=time_model(args), timelines=timelines)
+        try:
+            run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
+                           model=time_model(args), timelines=timelines)
+        finally:
+            bars.close()
     except KeyboardInterrupt:
         finish(False, f"interrupted after {done[0]} of {n} configurations")
         raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
@@ -391,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help=f"start a sweep of more than {CONFIRM_CONFIGS} configurations or over "
                         f"{_fmt_duration(CONFIRM_WALL_S)} of estimated simulation")
+    r.add_argument("--quiet", action="store_true", help="no progress on stderr (also off when stderr is not a "
+                   "terminal)")
     add_without(r)
     r.set_defaults(func=cmd_run)
     x = sub.add_parser("explain", help="walk through standard and flash attention on a small example, "

@@ -114,7 +114,7 @@ def workload_dict(wl: Workload) -> dict:
 
 
 def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None,
-               model: TimeModel | None = None, recorder=None) -> list[dict]:
+               model: TimeModel | None = None, recorder=None, progress: Callable | None = None) -> list[dict]:
     """Simulate one configuration, timed by `model` (default: every effect on); one result per
     requested pass (+ the total of a training step)."""
     model = TimeModel() if model is None else model
@@ -122,7 +122,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     training = "backward" in cfg.run.passes
     numeric = not count_only and numerics_bytes(wl, cfg.run.spec, training) <= NUMERICS_BUDGET_BYTES
     data = random_data(wl, seed) if numeric else None
-    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model, recorder=recorder)
+    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model, recorder=recorder, progress=progress)
     errors = {}
     if numeric:
         o_ref, _ = attention_forward(wl, data)
@@ -154,7 +154,9 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
                    model: TimeModel | None = None, timelines: list | None = None) -> list[dict]:
     """Run every configuration in order. Results are appended to `results` (a list the caller
     may keep, so that what finished survives an error or Ctrl-C) and `on_result(results)` is
-    called after each configuration (e.g. to write the file so far)."""
+    called after each configuration (e.g. to write the file so far). `progress` is a function
+    progress(i, n, cfg, result, wall_s) called after each configuration, or an object with
+    `start(cfg)` (returning a per-block callback or None) and `done(i, n, cfg, result, wall_s)`."""
     results = [] if results is None else results
     n = len(exp.configs)
     for i, cfg in enumerate(exp.configs):
@@ -164,11 +166,14 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
             from hbmsim.simulator.timeline import Timeline
             recorder = Timeline()
             timelines.append((cfg, recorder))
-        rs = run_config(cfg, count_only, model=model, recorder=recorder)
+        on_block = progress.start(cfg) if hasattr(progress, "start") else None
+        rs = run_config(cfg, count_only, model=model, recorder=recorder, progress=on_block)
         results.extend(rs)
         if on_result:
             on_result(results)
-        if progress:
+        if hasattr(progress, "done"):
+            progress.done(i + 1, n, cfg, rs[-1], time.perf_counter() - t0)
+        elif progress:
             progress(i + 1, n, cfg, rs[-1], time.perf_counter() - t0)
     return results
 

@@ -62,9 +62,11 @@ class LaunchState:
 
 class Machine:
     def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
-                 listener: Callable | None = None, recorder=None):
+                 listener: Callable | None = None, recorder=None, progress: Callable | None = None):
         self.gpu = gpu
         self.trace = trace
+        self.progress = progress      # progress(blocks_done, blocks_total) after every block, if given
+        self.blocks_done = self.blocks_total = 0
         self.recorder = recorder      # a timeline.Timeline, or None: nothing recorded, nothing paid
         self.listener = listener      # gets the programs' annotations (BlockContext.note), if anyone listens
         self.model = TimeModel() if model is None else model
@@ -181,6 +183,9 @@ class Machine:
             yield from block_fn(ctx, ctx.block)
             if recorder is not None:
                 recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
+            if self.progress is not None:
+                self.blocks_done += 1
+                self.progress(self.blocks_done, self.blocks_total)
         resident[sm] -= launch.sram_bytes
         state.running -= 1
         if state.running == 0:
@@ -215,6 +220,7 @@ class Machine:
         """Simulate `program`. `max_events` (tests of liveness) turns a run that would take more
         SimPy events than that into an error instead of a long wait."""
         check_program(self.gpu, program)   # fail before simulating anything
+        self.blocks_total = sum(launch.grid for launch in program.launches)
         self.env.process(self._main(program))
         # The cyclic garbage collector only slows a run down (about 10%): a run's objects are
         # freed by reference counting (peak memory measured the same without it).
@@ -271,8 +277,10 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
-             model: TimeModel | None = None, listener: Callable | None = None, recorder=None) -> SimResult:
+             model: TimeModel | None = None, listener: Callable | None = None, recorder=None,
+             progress: Callable | None = None) -> SimResult:
     """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
     `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations;
-    `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace."""
-    return Machine(gpu, trace, model, listener, recorder).run(program, max_events)
+    `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace;
+    `progress(blocks_done, blocks_total)` is called after every block."""
+    return Machine(gpu, trace, model, listener, recorder, progress).run(program, max_events)
