@@ -76,6 +76,17 @@ def cmd_run(args) -> int:
         check_output_path(check_plot_path(args.roofline), "--roofline")
     if args.timeline:
         check_output_path(args.timeline, "--timeline")
+    parallel = args.workers is not None or args.scheduler is not None
+    if args.resume and not args.results:
+        raise HbmsimError("--resume needs --results FILE.jsonl (the file to continue)")
+    if args.results:
+        if os.path.isdir(args.results):
+            raise HbmsimError(f"--results {args.results}: is a folder, give a file")
+        if os.path.exists(args.results) and not args.resume:
+            raise HbmsimError(f"--results {args.results}: exists: pass --resume to continue it, or remove it")
+        check_output_path(args.results, "--results")
+    if parallel and args.timeline:
+        raise HbmsimError("--timeline records configurations run here: not with --workers or --scheduler")
     size = sweep_size(args.file)
     if size > CONFIRM_CONFIGS and not args.yes:
         raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
@@ -128,8 +139,13 @@ def cmd_run(args) -> int:
 
     try:
         try:
-            run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
-                           model=time_model(args), timelines=timelines)
+            if parallel or args.results:
+                from .sweep import ResultsLog, run_sweep
+                run_sweep(exp, args.count_only, time_model(args), args.workers, args.scheduler,
+                          ResultsLog(args.results) if args.results else None, results, save, progress.done)
+            else:
+                run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
+                               model=time_model(args), timelines=timelines)
         finally:
             bars.close()
     except KeyboardInterrupt:
@@ -404,6 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{_fmt_duration(CONFIRM_WALL_S)} of estimated simulation")
     r.add_argument("--quiet", action="store_true", help="no progress on stderr (also off when stderr is not a "
                    "terminal)")
+    r.add_argument("--workers", type=count(1), metavar="N",
+                   help="run the configurations in parallel on N local worker processes (a Dask LocalCluster)")
+    r.add_argument("--scheduler", metavar="ADDRESS", help="run them on an existing Dask cluster (tcp://HOST:PORT)")
+    r.add_argument("--results", metavar="FILE.jsonl",
+                   help="append each configuration's results to FILE.jsonl as it finishes (nothing is lost)")
+    r.add_argument("--resume", action="store_true", help="continue --results FILE: skip the configurations it holds")
     add_without(r)
     r.set_defaults(func=cmd_run)
     x = sub.add_parser("explain", help="walk through standard and flash attention on a small example, "
