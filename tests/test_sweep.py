@@ -79,3 +79,23 @@ def test_bad_sweep_options_are_one_line(tmp_path, capsys, monkeypatch, extra, me
     assert main(["run", "small-masked", "--count-only", "--quiet", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_ctrl_c_mid_sweep_keeps_a_valid_file_and_resume_finishes(tmp_path):
+    from distributed import LocalCluster
+    exp = prepare(load_experiment(EXPERIMENTS_DIR / "demo.toml"))
+    log = ResultsLog(tmp_path / "r.jsonl")
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+
+    def interrupt(results):
+        raise KeyboardInterrupt            # as Ctrl-C would, once the first configuration arrived
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(exp, count_only=True, scheduler=cluster.scheduler_address, log=log, on_result=interrupt)
+        kept = log.done()
+        assert len(kept) == 1                                     # written whole before the interrupt
+        finished = run_sweep(exp, count_only=True, scheduler=cluster.scheduler_address, log=log)
+    finally:
+        cluster.close()
+    assert len(log.done()) == len(exp.configs)
+    assert [r["time_s"] for r in finished] == [r["time_s"] for r in run_sweep(exp, count_only=True)]
