@@ -12,6 +12,7 @@ from pathlib import Path
 from hbmsim.simulator import HbmsimError
 
 from .experiment import Config, Experiment, RunSpec
+from .outputs import save_figure
 from .runner import prepare, run_config
 
 DEFAULT_SIZES = (16, 32, 64, 128, 256)
@@ -92,7 +93,4 @@ def plot(cells: list[Cell], path: str | Path, title: str) -> Path:
                xlabel="block_kv", ylabel="block_q", title=label)
         fig.colorbar(im, ax=ax, shrink=0.8, label=label)
     fig.suptitle(title + " (predicted by hbmsim, simulated, not measured)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

@@ -18,7 +18,7 @@ from . import report
 from .experiment import (EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment,
                          resolve_hardware, sweep_size)
 from .measure import cmd_emulate, cmd_profile
-from .outputs import check_output_dir, check_output_path, check_plot_path, write_text_atomic
+from .outputs import check_output_dir, check_output_path, check_plot_output, write_text_atomic
 from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress
 
 DEMO_EXPERIMENT = "demo"
@@ -71,9 +71,9 @@ def cmd_run(args) -> int:
     if args.json and not to_stdout:                       # every output checked before any work
         check_output_path(args.json, "--json")
     if args.plot:
-        check_output_path(check_plot_path(args.plot), "--plot")
+        check_plot_output(args.plot, "--plot")
     if args.roofline:
-        check_output_path(check_plot_path(args.roofline), "--roofline")
+        check_plot_output(args.roofline, "--roofline")
     if args.timeline:
         check_output_path(args.timeline, "--timeline")
     parallel = args.workers is not None or args.scheduler is not None
@@ -107,19 +107,8 @@ def cmd_run(args) -> int:
             run_config(cfg, count_only=True, trace=_tracer(args.trace, out), model=time_model(args))
     results: list[dict] = []
     timelines: list | None = [] if args.timeline else None
-    done = [0]
-
     from .progress import RunProgress, wanted
-    bars = RunProgress(n, estimated_wall_s, enabled=wanted(args.quiet))
-
-    class Progress:                       # counts what finished; draws the bars when wanted
-        start = staticmethod(bars.start)
-
-        @staticmethod
-        def done(i, total, cfg, result, wall_s):
-            done[0] = i
-            bars.done(i, total, cfg, result, wall_s)
-    progress = Progress()
+    progress = RunProgress(n, estimated_wall_s, enabled=wanted(args.quiet))    # counts what finished
 
     def save(rs):
         if args.json and not to_stdout:
@@ -129,7 +118,7 @@ def cmd_run(args) -> int:
         if args.json:
             _write_json(results, args.json, exp.name, complete, stopped, quiet=not complete)
         if not to_stdout and results:
-            status = "" if complete else f" (partial: {done[0]} of {n} configurations finished)"
+            status = "" if complete else f" (partial: {progress.finished} of {n} configurations finished)"
             print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured; time model: "
                   f"{time_model(args).describe()}){status}")
             print(report.table(results))
@@ -147,15 +136,15 @@ def cmd_run(args) -> int:
                 run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
                                model=time_model(args), timelines=timelines)
         finally:
-            bars.close()
+            progress.close()
     except KeyboardInterrupt:
-        finish(False, f"interrupted after {done[0]} of {n} configurations")
-        raise Interrupted(f"interrupted after {done[0]} of {n} configurations"
+        finish(False, f"interrupted after {progress.finished} of {n} configurations")
+        raise Interrupted(f"interrupted after {progress.finished} of {n} configurations"
                           + (f"; the finished ones are in {args.json}"
                              if args.json and not to_stdout else "")) from None
     except HbmsimError as err:
-        finish(False, f"error after {done[0]} of {n} configurations: {err}")
-        raise HbmsimError(f"{err} (stopped after {done[0]} of {n} configurations"
+        finish(False, f"error after {progress.finished} of {n} configurations: {err}")
+        raise HbmsimError(f"{err} (stopped after {progress.finished} of {n} configurations"
                           + (f"; the finished ones are in {args.json})"
                              if args.json and not to_stdout else ")")) from None
     finish(True)
@@ -269,7 +258,7 @@ def cmd_blockmap(args) -> int:
     from . import blockmap
     from .experiment import make_workload
     if args.plot:
-        check_output_path(check_plot_path(args.plot), "--plot")
+        check_plot_output(args.plot, "--plot")
     if args.json:
         check_output_path(args.json, "--json")
     try:
@@ -330,7 +319,7 @@ def cmd_bench(args) -> int:
 def cmd_compare(args) -> int:
     from .compare import compare_files
     if args.plot:
-        check_output_path(check_plot_path(args.plot), "--plot")
+        check_plot_output(args.plot, "--plot")
     print(compare_files(args.predicted, args.measured, args.plot))
     return 0
 
@@ -339,7 +328,7 @@ def cmd_validate(args) -> int:
     from . import validate as V
     from .published import measured_names
     if args.plot:
-        check_output_path(check_plot_path(args.plot), "--plot")
+        check_plot_output(args.plot, "--plot")
     if args.json:
         check_output_path(args.json, "--json")
     refs = args.files or measured_names()

@@ -18,7 +18,7 @@ from pathlib import Path
 from hbmsim.algorithms import registry
 from hbmsim.simulator import HbmsimError
 
-from .outputs import check_plot_path
+from .outputs import check_plot_path, save_figure
 
 FIELDS = ("global_read_bytes", "global_write_bytes", "hbm_read_bytes", "hbm_write_bytes", "time_s")
 WORKLOAD_KEYS = ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim", "dtype", "causal", "key_padding_mask",
@@ -285,10 +285,7 @@ def plot(pairs: list, path: str | Path, source: str) -> Path:
            title=f"Traffic per run: predicted vs {source}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def compare_files(predicted_path: str, measured_path: str, plot_path: str | None = None) -> str:

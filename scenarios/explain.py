@@ -145,11 +145,8 @@ def _matrix(name: str, a) -> str:
 def _bytes_by_kernel(result) -> list:
     lines = []
     for k in result.kernels:
-        moved = [f"{name} {t.read} B read" if t.read else f"{name} {t.write} B written"
+        parts = [f"{name} " + " + ".join(f"{n} B {how}" for n, how in ((t.read, "read"), (t.write, "written")) if n)
                  for name, t in sorted(k.tensors.items()) if t.read or t.write]
-        both = [f"{name} {t.read} B read + {t.write} B written" for name, t in sorted(k.tensors.items())
-                if t.read and t.write]
-        parts = both or moved
         lines.append(f"  {k.name:14s} {', '.join(parts) if parts else '(no global memory traffic)'}")
     return lines
 

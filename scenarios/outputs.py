@@ -32,6 +32,21 @@ def check_plot_path(path: str) -> Path:
     return p
 
 
+def check_plot_output(path: str, option: str) -> Path:
+    """A plot option's file: a format matplotlib writes (check_plot_path) where this user may
+    write (check_output_path)."""
+    return check_output_path(check_plot_path(path), option)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 def check_output_path(path: str | Path, option: str) -> Path:
     """A file the command will write: not a folder, in a folder that exists or can be created
     and that this user may write. Raises HbmsimError naming the option and the path."""

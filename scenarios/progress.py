@@ -21,6 +21,7 @@ class RunProgress:
 
     def __init__(self, n_configs: int, estimate, enabled: bool = True):
         self.enabled, self.estimate = enabled, estimate
+        self.finished = 0                  # configurations done, bars or not
         self.outer = tqdm(total=n_configs, unit="config", desc="configurations", file=sys.stderr, disable=not enabled)
         self.inner = None
 
@@ -39,6 +40,7 @@ class RunProgress:
         return on_block
 
     def done(self, i, n, cfg, result, wall_s) -> None:
+        self.finished = i
         if self.inner is not None:
             self.inner.close()
             self.inner = None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from hbmsim.algorithms import registry
 
+from .outputs import save_figure
+
 
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -147,7 +149,4 @@ def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from hbmsim.simulator import GPU
 
+from .outputs import save_figure
+
 
 @dataclass(frozen=True)
 class KernelPoint:
@@ -96,7 +98,4 @@ def plot(results: list[dict], gpu: GPU, path: str | Path, title: str) -> Path:
     ax.set_title(title + "\nkernels: predicted by hbmsim (simulated, not measured); roofs: hardware preset", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6.5, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

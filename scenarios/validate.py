@@ -26,6 +26,7 @@ from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
+from .outputs import save_figure
 from .published import resolve_measured
 from .runner import estimated_wall_s, prepare, run_config
 
@@ -116,9 +117,11 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     for i, (cfg, (_, r)) in enumerate(zip(exp.configs, plan)):
         t0 = time.perf_counter()
         pass_name = r.get("pass", "forward")
-        predicted = {res["pass"]: res for res in run_config(cfg, count_only=True, model=model)}[pass_name]["time_s"]
-        without = {label: {res["pass"]: res for res in run_config(cfg, count_only=True, model=m)}[pass_name]["time_s"]
-                   for label, m in others.items()}
+
+        def time_with(m: TimeModel) -> float:       # the measured pass's predicted time under model m
+            return next(res["time_s"] for res in run_config(cfg, count_only=True, model=m) if res["pass"] == pass_name)
+        predicted = time_with(model)
+        without = {label: time_with(m) for label, m in others.items()}
         wl = cfg.workload
         impl = r.get("implementation") or f"{cfg.run.algorithm} {r.get('variant', '')}".strip()
         label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads} N={wl.seq_len_q}"
@@ -224,10 +227,7 @@ def plot(points: list, path: str | Path, source: str, model: TimeModel | None = 
         axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str:

@@ -80,15 +80,6 @@ class GPU:
         for f in INT_FIELDS:
             object.__setattr__(self, f, int(getattr(self, f)))
 
-    # Per-SM rates: the whole-GPU figures split evenly over the SMs.
-    @property
-    def matmul_flops_per_s_per_sm(self) -> float:
-        return self.matmul_flops_per_s / self.sm_count
-
-    @property
-    def vector_flops_per_s_per_sm(self) -> float:
-        return self.vector_flops_per_s / self.sm_count
-
     # Whole-GPU compute rates: these grow with the number of SMs (per-SM rates are fixed by the SM design).
     SM_RATES = ("matmul_flops_per_s", "vector_flops_per_s")
 

@@ -175,7 +175,7 @@ class Machine:
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
-        recorder = self.recorder
+        recorder, progress = self.recorder, self.progress
         while state.next_block < launch.grid:
             ctx.block = state.next_block
             state.next_block += 1
@@ -183,9 +183,9 @@ class Machine:
             yield from block_fn(ctx, ctx.block)
             if recorder is not None:
                 recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
-            if self.progress is not None:
+            if progress is not None:
                 self.blocks_done += 1
-                self.progress(self.blocks_done, self.blocks_total)
+                progress(self.blocks_done, self.blocks_total)
         resident[sm] -= launch.sram_bytes
         state.running -= 1
         if state.running == 0:
