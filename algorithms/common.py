@@ -6,6 +6,8 @@ set compute time; traffic never depends on them.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from hbmsim.simulator import Tensor
@@ -99,3 +101,24 @@ def online_softmax_update(s, v, o, l, m, keep):
     num = (l * a_old)[:, None] * o + a_tile[:, None] * (p @ v)
     o_new = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
     return o_new, l_new[:, None], m_new[:, None]
+
+
+# Fast mode (hbmsim run, count-only): a block whose inner loop has more than COARSE_ABOVE_TILES
+# tiles is simulated in steps of several tiles, keeping STEPS_PER_BLOCK steps or more per block.
+# Every count is still the sum of the tiles' own; the time differs from a step per tile only in
+# how much of the first and last loads the block waits for (tests/test_fold.py measures it).
+COARSE_ABOVE_TILES = 256
+STEPS_PER_BLOCK = 128
+
+
+def tiles_per_step(tiles: int) -> int:
+    """Tiles one simulated step covers in fast mode, for an inner loop of `tiles` tiles."""
+    return 1 if tiles <= COARSE_ABOVE_TILES else tiles // STEPS_PER_BLOCK
+
+
+def row_blocks_period(wl: Workload, block: int, seq_len: int) -> int:
+    """The `period` (program.Launch) of a launch with one block per (batch-head, block of
+    `block` rows of a `seq_len`-long side): every block alike when no mask makes them differ
+    and the last block is whole; else the blocks of one batch-head."""
+    per_group = math.ceil(seq_len / block)
+    return 1 if not wl.causal and seq_len % block == 0 else per_group

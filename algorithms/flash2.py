@@ -22,7 +22,7 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
-                     online_softmax_vector_flops, output, scaled_keep_mask)
+                     online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask, tiles_per_step)
 from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, causal_kv_end
@@ -35,10 +35,12 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
 
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                   warps: int = 1) -> Program:
+                   warps: int = 1, tiles_per_step: int = 1) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
-    for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic."""
+    for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
+    `tiles_per_step` > 1 (fast mode, common.tiles_per_step): each simulated step loads and
+    computes that many K/V tiles at once; every count is the sum of the tiles' own."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data)
     Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
@@ -50,8 +52,12 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     numeric = data is not None
     all_cols = slice(0, d)
 
-    def kv_cols(c0):
-        return slice(c0, min(nk, c0 + block_kv))
+    step_cols = block_kv * tiles_per_step
+
+    def kv_cols(c0, kv_end):
+        """The K/V tiles of the step starting at column c0: (columns, how many tiles)."""
+        tiles = math.ceil((min(kv_end, c0 + step_cols) - c0) / block_kv)
+        return slice(c0, min(nk, c0 + tiles * block_kv)), tiles
 
     def block(ctx, index):
         g, i = divmod(index, tr)
@@ -62,21 +68,25 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         if wl.key_padding_mask:
             first.append((tensors["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
         q_next = ctx.prefetch(*first)                     # Q_i and K_0 are fetched together
-        k_next = ctx.prefetch((K[g], kv_cols(0), all_cols)) if kv_end > 0 else None
+        k_next = ctx.prefetch((K[g], kv_cols(0, kv_end)[0], all_cols)) if kv_end > 0 else None
         q, *lens = yield from ctx.wait(q_next)
         kv_len = int(lens[0][0, 0]) if lens and lens[0] is not None else None
         if numeric:
             m, l, acc = np.full(n, -np.inf), np.zeros(n), np.zeros((n, d))
-        for c0 in range(0, kv_end, block_kv):
-            cols = kv_cols(c0)
+        for c0 in range(0, kv_end, step_cols):
+            cols, tiles = kv_cols(c0, kv_end)
             c1, nc = cols.stop, cols.stop - c0
             (k,) = yield from ctx.wait(k_next)
             v_next = ctx.prefetch((V[g], cols, all_cols))
             # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
             # per score and one per row (the rescale exp(m_old - m_new)); SRAM: each warp reads its
-            # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                                   sram_bytes=(n + warps * nc) * d * itemsize, exp_ops=n * nc + n)
+            # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j.
+            # Several tiles in one step: the per-score terms add up over nc columns, the per-row
+            # terms (softmax row updates, the rescale exp, Q_i's reads) come once per tile.
+            yield from ctx.compute(matmul_flops=2 * n * nc * d,
+                                   vector_flops=online_softmax_vector_flops(wl, n, nc)
+                                   + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
+                                   sram_bytes=(tiles * n + warps * nc) * d * itemsize, exp_ops=n * nc + tiles * n)
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -91,8 +101,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     p = p * keep[g, r0:r1, c0:c1]
                 m = m_new
             (v,) = yield from ctx.wait(v_next)
-            if c0 + block_kv < kv_end:
-                k_next = ctx.prefetch((K[g], kv_cols(c0 + block_kv), all_cols))
+            if c0 + step_cols < kv_end:
+                k_next = ctx.prefetch((K[g], kv_cols(c0 + step_cols, kv_end)[0], all_cols))
             # acc += P V_j: P from registers, all of V_j from SRAM by every warp
             yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)
             if numeric:
@@ -111,7 +121,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),
-                    tensor_op=MMA_SYNC)
+                    tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq))
     return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 
@@ -234,12 +244,15 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
     return replace(m, **out), tuple(notes)
 
 
-def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool) -> Program:
+def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
+    """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
+    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv)) if fast else 1
     if training:
         from .flash2_backward import flash2_training
+        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd)) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
-                               warps=(m.warps, m.warps_bwd))
-    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps)
+                               warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step))
+    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:
@@ -255,11 +268,14 @@ def _sram_bytes(wl: Workload, m: Flash2Blocks, training: bool) -> int:
     return max(fwd, flash2_bwd_sram_bytes(wl, m.block_q_bwd, m.block_kv_bwd)) if training else fwd
 
 
-def _steps(wl: Workload, m: Flash2Blocks, training: bool) -> int:
+def _steps(wl: Workload, m: Flash2Blocks, training: bool, fast: bool = False) -> int:
     c = math.ceil
-    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(wl.seq_len_kv / m.block_kv)
+    kv_tiles = c(wl.seq_len_kv / m.block_kv)
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles) if fast else 1))
     if training:      # the backward visits every (K/V block, query block) pair, about twice the work
-        steps += 2 * wl.groups * c(wl.seq_len_q / m.block_q_bwd) * c(wl.seq_len_kv / m.block_kv_bwd)
+        q_tiles = c(wl.seq_len_q / m.block_q_bwd)
+        q_steps = c(q_tiles / (tiles_per_step(q_tiles) if fast else 1))
+        steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * q_steps
     return steps
 
 
@@ -274,4 +290,4 @@ SPEC = register(AlgorithmSpec(
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
     auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd"),
     variants=(FA2_KERNEL, PAPER),
-    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True))
+    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True))

@@ -21,7 +21,7 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
-from .common import STATS_DTYPE, block_rows, load_kv_len, scaled_keep_mask
+from .common import STATS_DTYPE, block_rows, load_kv_len, row_blocks_period, scaled_keep_mask
 from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
@@ -75,12 +75,14 @@ def bwd_sram_read_elements(n: int, nc: int, d: int, warps: int, atoms: tuple) ->
 
 
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                    bwd_blocks: tuple | None = None, warps: tuple = (1, 1)) -> Program:
+                    bwd_blocks: tuple | None = None, warps: tuple = (1, 1), tiles_per_step: tuple = (1, 1)) -> Program:
     """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
     when given (the FA2 kernel picks the backward's blocks separately), else the same blocks.
     `warps` (forward, backward) set the shared-memory reads the time model sees (with 1 warp
-    every operand is read once); they never change a byte of traffic."""
-    fwd = flash2_forward(wl, block_q, block_kv, data, warps[0])
+    every operand is read once); they never change a byte of traffic. `tiles_per_step`
+    (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers."""
+    fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0])
+    q_step = tiles_per_step[1]
     warps_bwd = warps[1]
     atoms = fa2_bwd_atoms(wl, warps_bwd)
     if bwd_blocks is not None:
@@ -128,17 +130,23 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         if numeric:
             dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
         for i in range(i_first, tr):
-            rows = q_rows(i)
-            r0, r1 = rows.start, rows.stop
-            n = r1 - r0
+            if i % q_step and i != i_first:
+                continue
+            # query tiles in this step: steps end at multiples of q_step, so that every K/V block
+            # loads the same Q, dO rows (and the L2 sees them as the same lines) whatever i_first
+            tiles = min(tr, (i // q_step + 1) * q_step) - i
+            r0, r1 = q_rows(i).start, q_rows(i + tiles - 1).stop
+            rows, n = slice(r0, r1), r1 - r0
             q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
                                                            (LSE[g], rows, one), (D[g], rows, one))
             # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
             # dQ += dS K, dK += dS^T Q; recomputing P takes an exp per score; SRAM: every warp's
-            # operand slices (bwd_sram_read_elements)
+            # operand slices (bwd_sram_read_elements). Several query tiles in one step: everything
+            # grows with the rows n except the reads of K_j and V_j, which come once per tile.
+            sram_elements = (bwd_sram_read_elements(n, nc, d, warps_bwd, atoms)
+                             + (tiles - 1) * bwd_sram_read_elements(0, nc, d, warps_bwd, atoms))
             yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
-                                   sram_bytes=bwd_sram_read_elements(n, nc, d, warps_bwd, atoms) * itemsize,
-                                   exp_ops=n * nc)
+                                   sram_bytes=sram_elements * itemsize, exp_ops=n * nc)
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
@@ -158,12 +166,15 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         acc = yield from ctx.load(dQacc[g], rows, all_cols)
         yield from ctx.store(dQ[g], rows, all_cols, acc)
 
+    # the D and dQ conversion blocks are alike under any mask (they do not look at it)
+    q_period = 1 if nq % block_q == 0 else tr
     launches = list(fwd.launches) + [
-        Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward"),
+        Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward",
+               period=q_period),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
-               pass_name="backward", tensor_op=MMA_SYNC),
+               pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk)),
         Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
-               pass_name="backward"),
+               pass_name="backward", period=q_period),
     ]
     return Program("flash2_training", launches, inputs=fwd.inputs,
                    outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})

@@ -35,6 +35,7 @@ class AlgorithmSpec:
     # (gpu, workload, mapping as given, training) -> (resolved mapping, notes about what changed)
     resolve: Callable[[GPU, Workload, object, bool], tuple] | None = None
     # (workload, resolved mapping, training) -> tile steps, for the "this will take ..." estimate
+    # (with coarsens, also a fast=True keyword: the steps fast mode simulates)
     steps: Callable[[Workload, object, bool], int] | None = None
     describe: Callable[[object], str] = lambda m: "x".join(str(v) for v in dataclasses.astuple(m))
     passes: tuple = PASSES
@@ -47,6 +48,8 @@ class AlgorithmSpec:
     kernel: str | None = None       # the real kernel that implements its forward (kernels/)
     no_kernel_reason: str = "no real kernel implements it"
     emulated: bool = False          # the CPU emulation can count that kernel's bytes
+    # build takes fast=True (runner: fast mode): inner loops over many tiles run several a step
+    coarsens: bool = False
     no_emulation_reason: str = "the CPU emulation runs only the flash kernel"
 
     @property

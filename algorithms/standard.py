@@ -54,6 +54,7 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     itemsize = A.itemsize
     numeric = A.data is not None
+    k_steps = [slice(k0, min(kdim, k0 + tk)) for k0 in range(0, kdim, tk)]     # the same for every block
 
     def block(ctx, index):
         g, rest = divmod(index, tiles_m * tiles_n)
@@ -62,11 +63,11 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
         cols = slice(ni * tn, min(n, (ni + 1) * tn))
         rm, cn = rows.stop - rows.start, cols.stop - cols.start
         acc = np.zeros((rm, cn)) if numeric else None
-        for k0 in range(0, kdim, tk):
-            ks = slice(k0, min(kdim, k0 + tk))
+        a_g, b_g = A[g], B[g]
+        for ks in k_steps:
             kk = ks.stop - ks.start
-            a, b = yield from ctx.load_tiles((A[g], ks, rows) if a_transposed else (A[g], rows, ks),
-                                             (B[g], cols, ks) if b_transposed else (B[g], ks, cols))
+            a, b = yield from ctx.load_tiles((a_g, ks, rows) if a_transposed else (a_g, rows, ks),
+                                             (b_g, cols, ks) if b_transposed else (b_g, ks, cols))
             # rm x cn outputs, kk multiply-adds each (2 FLOPs); the A and B tiles read from SRAM once
             yield from ctx.compute(matmul_flops=2 * rm * cn * kk, sram_bytes=(rm + cn) * kk * itemsize)
             if numeric:
@@ -76,8 +77,9 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
                      value=scale * acc)
         yield from ctx.store(C[g], rows, cols, None if acc is None else scale * acc)
 
+    # the output tiles of one batch-head, repeated for each (period: fast mode may fold the launch)
     return Launch(name, g_count * tiles_m * tiles_n, gemm_sram_bytes(itemsize, tm, tn, tk), block, allocs, frees,
-                  pass_name)
+                  pass_name, period=tiles_m * tiles_n)
 
 
 def col_chunks(n: int, width: int) -> list[slice]:
@@ -109,7 +111,8 @@ def panels_of(wl: Workload, gemm_tile: tuple) -> Panels:
 
 def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list):
     """A row panel, fetched as the tiles of `chunks` in one go; returns it whole (or None)."""
-    tiles = yield from ctx.load_tiles(*[(T[g], rows, c) for c in chunks])
+    t_g = T[g]
+    tiles = yield from ctx.load_tiles(*[(t_g, rows, c) for c in chunks])
     return None if tiles[0] is None else np.hstack(tiles)
 
 
@@ -117,9 +120,11 @@ def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: 
     """The mask kernel's block, forward (fill -inf) and backward (fill 0): read a row panel of T
     and the masks it needs (causal_mask tiles, the batch's key_padding_mask row), write it back."""
     nk = T.shape[2]
-    tiles = [(T[g], rows, c) for c in chunks]
+    t_g = T[g]
+    tiles = [(t_g, rows, c) for c in chunks]
     if CM is not None:
-        tiles += [(CM[0], rows, c) for c in chunks]
+        cm = CM[0]
+        tiles += [(cm, rows, c) for c in chunks]
     if KPM is not None:
         tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
     got = yield from ctx.load_tiles(*tiles)
@@ -132,7 +137,10 @@ def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: 
 
 
 def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
-    yield from ctx.store_tiles(*[(T[g], rows, c, None if value is None else value[:, c]) for c in chunks])
+    """A row panel, stored as the tiles of `chunks`; returns what to `yield from` (a store
+    never waits: nothing)."""
+    t_g = T[g]
+    return ctx.store_tiles(*[(t_g, rows, c, None if value is None else value[:, c]) for c in chunks])
 
 
 def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
@@ -158,7 +166,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
         yield from store_panel(ctx, S, g, rows, s_chunks, None if s is None else wl.softmax_scale * s)
 
     launches = [gemm_launch("gemm_qk", Q, K, S, True, gemm_tile, allocs=(S,)),
-                Launch("scale", g_count * panels, 0, scale_block)]
+                Launch("scale", g_count * panels, 0, scale_block, period=panels)]
 
     if wl.masked:
         CM = KPM = None
@@ -172,7 +180,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
         def mask_block(ctx, index):
             g, rows = panel(index)
             yield from mask_panel(ctx, wl, data, S, g, rows, s_chunks, CM, KPM, -np.inf)
-        launches.append(Launch("mask", g_count * panels, 0, mask_block))
+        launches.append(Launch("mask", g_count * panels, 0, mask_block, period=panels))
 
     def softmax_block(ctx, index):
         g, rows = panel(index)
@@ -186,7 +194,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
             p = np.divide(ex, tot, out=np.zeros_like(ex), where=tot > 0)
             ctx.note("softmax", g=g, rows=(rows.start, rows.stop), S=s, max=mx[:, 0], exp=ex, sum=tot[:, 0], P=p)
         yield from store_panel(ctx, P, g, rows, p_chunks, p)
-    launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,)))
+    launches.append(Launch("softmax", g_count * panels, 0, softmax_block, allocs=(P,), frees=(S,), period=panels))
 
     outputs = {"O": O}
     P_used = P
@@ -206,7 +214,7 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
                                        *[(DM[g], rows, c, None if p is None else (k[:, c] > 0).astype(float))
                                          for c in p_chunks])
         launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(P_used, DM),
-                               frees=() if training else (P,)))
+                               frees=() if training else (P,), period=panels))
 
     launches.append(gemm_launch("gemm_pv", P_used, V, O, False, gemm_tile, allocs=(O,),
                                 frees=() if training else tuple(t for t in (P_used, outputs.get("dropout_mask"))

@@ -81,12 +81,14 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
         gemm_launch("gemm_dp", dO, V, dPd, True, gemm_tile, allocs=(dPd,), pass_name="backward"),
     ]
     if dropout:
-        bwd.append(Launch("dropout_bwd", grid, 0, dropout_bwd, allocs=(dP,), frees=(dPd, DM), pass_name="backward"))
-    bwd.append(Launch("softmax_bwd", grid, 0, softmax_bwd, allocs=(dS,), frees=(dP, P), pass_name="backward"))
+        bwd.append(Launch("dropout_bwd", grid, 0, dropout_bwd, allocs=(dP,), frees=(dPd, DM), pass_name="backward",
+                          period=panel.count))
+    bwd.append(Launch("softmax_bwd", grid, 0, softmax_bwd, allocs=(dS,), frees=(dP, P), pass_name="backward",
+                      period=panel.count))
     if wl.masked:
-        bwd.append(Launch("mask_bwd", grid, 0, mask_bwd, pass_name="backward"))
+        bwd.append(Launch("mask_bwd", grid, 0, mask_bwd, pass_name="backward", period=panel.count))
     bwd += [
-        Launch("scale_bwd", grid, 0, scale_bwd, pass_name="backward"),
+        Launch("scale_bwd", grid, 0, scale_bwd, pass_name="backward", period=panel.count),
         gemm_launch("gemm_dq", dS, K, dQ, False, gemm_tile, allocs=(dQ,), pass_name="backward"),
         gemm_launch("gemm_dk", dS, Q, dK, False, gemm_tile, allocs=(dK,), a_transposed=True, frees=(dS,),
                     pass_name="backward"),

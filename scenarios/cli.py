@@ -19,7 +19,7 @@ from .experiment import (EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_
                          resolve_hardware, sweep_size)
 from .measure import cmd_emulate, cmd_profile
 from .outputs import check_output_dir, check_output_path, check_plot_output, write_text_atomic
-from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress
+from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress, with_data
 
 DEMO_EXPERIMENT = "demo"
 
@@ -93,12 +93,17 @@ def cmd_run(args) -> int:
                           "pass --yes to simulate them all, or narrow the [sweep]")
     exp = prepare(load_experiment(args.file))            # every point's SRAM fit and HBM footprint
     n = len(exp.configs)
-    estimate_s = sum(estimated_wall_s(cfg) for cfg in exp.configs)
+    def estimate(cfg):     # fast mode for what runs count-only, unless --full
+        return estimated_wall_s(cfg, fast=not args.full and not with_data(cfg, args.count_only))
+
+    estimate_s = sum(estimate(cfg) for cfg in exp.configs)
     if estimate_s > CONFIRM_WALL_S and not args.yes:
         raise HbmsimError(f"{exp.path}: {n:,} configuration(s), estimated {_fmt_duration(estimate_s)} of simulation "
                           f"on this machine (more than {_fmt_duration(CONFIRM_WALL_S)}): pass --yes to start")
     if estimate_s > 2 and not args.quiet:             # long work says so before it starts
-        print(f"{exp.name}: {n} configuration(s), roughly {_fmt_duration(estimate_s)} of simulation (estimated)",
+        fast = not args.full and any(not with_data(cfg, args.count_only) for cfg in exp.configs)
+        print(f"{exp.name}: {n} configuration(s), roughly {_fmt_duration(estimate_s)} of simulation (estimated"
+              + ("; fast mode may fold it to much less)" if fast else ")"),
               file=sys.stderr)
     out = sys.stderr if to_stdout else sys.stdout     # with --json -, stdout carries only the JSON
     if args.trace:
@@ -108,7 +113,7 @@ def cmd_run(args) -> int:
     results: list[dict] = []
     timelines: list | None = [] if args.timeline else None
     from .progress import RunProgress, wanted
-    progress = RunProgress(n, estimated_wall_s, enabled=wanted(args.quiet))    # counts what finished
+    progress = RunProgress(n, estimate, enabled=wanted(args.quiet))    # counts what finished
 
     def save(rs):
         if args.json and not to_stdout:
@@ -122,6 +127,9 @@ def cmd_run(args) -> int:
             print(f"{exp.name} on {exp.gpu.name} (all numbers predicted by hbmsim, not measured; time model: "
                   f"{time_model(args).describe()}){status}")
             print(report.table(results))
+            folded = report.fast_note(results)
+            if folded:
+                print(folded)
             text = report.ratios(results)
             if text:
                 print(text)
@@ -131,10 +139,11 @@ def cmd_run(args) -> int:
             if parallel or args.results:
                 from .sweep import ResultsLog, run_sweep
                 run_sweep(exp, args.count_only, time_model(args), args.workers, args.scheduler,
-                          ResultsLog(args.results) if args.results else None, results, save, progress.done)
+                          ResultsLog(args.results) if args.results else None, results, save, progress.done,
+                          fast=not args.full)
             else:
                 run_experiment(exp, count_only=args.count_only, progress=progress, results=results, on_result=save,
-                               model=time_model(args), timelines=timelines)
+                               model=time_model(args), timelines=timelines, fast=not args.full)
         finally:
             progress.close()
     except KeyboardInterrupt:
@@ -397,7 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment TOML (a path or a shipped experiment's name)")
     r.add_argument("file", help="experiment TOML: a path, or a shipped experiment's name (e.g. demo, gpt2-medium)")
     r.add_argument("--json", metavar="PATH|-", help="write {\"runs\": [...]} to PATH, or to stdout only with -")
-    r.add_argument("--count-only", action="store_true", help="no data: counts and times only")
+    r.add_argument("--count-only", action="store_true", help="no data: counts and times only (in fast mode)")
+    r.add_argument("--full", action="store_true",
+                   help="no fast mode: count-only runs simulate every block and tile step too (fast mode, the "
+                        "default: long inner loops run several tiles a step and steady launches are folded)")
     r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
     r.add_argument("--roofline", metavar="PNG", help="plot every kernel on the machine's roofline")
     r.add_argument("--timeline", metavar="JSON", help="write the run as Chrome trace events (Perfetto): a track per "

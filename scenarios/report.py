@@ -79,6 +79,18 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fast_note(results: list[dict]) -> str:
+    """A line for the results that fast mode folded (simulated_fraction < 1), or ""."""
+    folded = [r for r in results if r.get("simulated_fraction", 1.0) < 1.0]
+    if not folded:
+        return ""
+    lo, hi = min(r["simulated_fraction"] for r in folded), max(r["simulated_fraction"] for r in folded)
+    share = f"{lo:.1%}" if lo == hi else f"{lo:.1%}-{hi:.1%}"
+    return (f"fast mode: {len(folded)} of {len(results)} results simulated {share} of their blocks and "
+            "extrapolated the rest from the steady state (L2-side bytes and FLOPs exact; DRAM bytes and time "
+            "extrapolated; --full simulates everything)")
+
+
 def ratios(results: list[dict]) -> str:
     """baseline / other ratios of HBM bytes and predicted time, per workload: the baseline is
     the program that keeps the N x N matrices in HBM (the first registered one with nn_arrays)."""

@@ -83,16 +83,21 @@ def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
 WALL_S_PER_STEP = 15e-6
 
 
-def estimated_wall_s(cfg: Config) -> float:
-    """A rough estimate of how long simulating `cfg` takes: the program's tile steps x WALL_S_PER_STEP."""
+def estimated_wall_s(cfg: Config, fast: bool = False) -> float:
+    """A rough estimate of how long simulating `cfg` takes: the program's tile steps x
+    WALL_S_PER_STEP; in fast mode its simulated steps (several tiles each), an upper bound since
+    folding is decided while simulating."""
     spec = cfg.run.spec
     if spec.steps is None:
         return 0.0
-    return spec.steps(cfg.workload, resolved_mapping(cfg), cfg.run.training) * WALL_S_PER_STEP
+    extra = {"fast": True} if fast and spec.coarsens else {}
+    return spec.steps(cfg.workload, resolved_mapping(cfg), cfg.run.training, **extra) * WALL_S_PER_STEP
 
 
-def build_program(cfg: Config, data=None):
-    return cfg.run.spec.build(cfg.workload, resolved_mapping(cfg), data, cfg.run.training)
+def build_program(cfg: Config, data=None, fast: bool = False):
+    spec = cfg.run.spec
+    extra = {"fast": True} if fast and spec.coarsens else {}
+    return spec.build(cfg.workload, resolved_mapping(cfg), data, cfg.run.training, **extra)
 
 
 def numerics_bytes(wl: Workload, spec, training: bool) -> int:
@@ -113,16 +118,27 @@ def workload_dict(wl: Workload) -> dict:
     return d
 
 
+def with_data(cfg: Config, count_only: bool) -> bool:
+    """Whether run_config simulates `cfg` with data (numerics checked): unless count-only was
+    asked or the data would not fit NUMERICS_BUDGET_BYTES."""
+    return not count_only and numerics_bytes(cfg.workload, cfg.run.spec, cfg.run.training) <= NUMERICS_BUDGET_BYTES
+
+
 def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None,
-               model: TimeModel | None = None, recorder=None, progress: Callable | None = None) -> list[dict]:
+               model: TimeModel | None = None, recorder=None, progress: Callable | None = None,
+               fast: bool = False) -> list[dict]:
     """Simulate one configuration, timed by `model` (default: every effect on); one result per
-    requested pass (+ the total of a training step)."""
+    requested pass (+ the total of a training step). `fast` (count-only runs without a trace or
+    timeline): long inner loops run several tiles a step and steady launches are folded
+    (simulator/fold.py); the result says so in "fast" and "simulated_fraction"."""
     model = TimeModel() if model is None else model
     wl = cfg.workload
     training = "backward" in cfg.run.passes
-    numeric = not count_only and numerics_bytes(wl, cfg.run.spec, training) <= NUMERICS_BUDGET_BYTES
+    numeric = with_data(cfg, count_only)
     data = random_data(wl, seed) if numeric else None
-    result = simulate(cfg.gpu, build_program(cfg, data), trace, model=model, recorder=recorder, progress=progress)
+    fast = fast and not numeric and trace is None and recorder is None
+    result = simulate(cfg.gpu, build_program(cfg, data, fast), trace, model=model, recorder=recorder,
+                      progress=progress, fold=fast)
     errors = {}
     if numeric:
         o_ref, _ = attention_forward(wl, data)
@@ -137,7 +153,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
         select = None if p == "forward+backward" else p
         r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
              "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **result.to_dict(select),
-             "sim_events": result.sim_events, "time_model": model.describe()}
+             "sim_events": result.sim_events, "time_model": model.describe(), "fast": fast}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
         hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}
@@ -151,7 +167,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
 
 def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable | None = None,
                    results: list | None = None, on_result: Callable | None = None,
-                   model: TimeModel | None = None, timelines: list | None = None) -> list[dict]:
+                   model: TimeModel | None = None, timelines: list | None = None, fast: bool = False) -> list[dict]:
     """Run every configuration in order. Results are appended to `results` (a list the caller
     may keep, so that what finished survives an error or Ctrl-C) and `on_result(results)` is
     called after each configuration (e.g. to write the file so far). `progress` is a function
@@ -167,7 +183,7 @@ def run_experiment(exp: Experiment, count_only: bool = False, progress: Callable
             recorder = Timeline()
             timelines.append((cfg, recorder))
         on_block = progress.start(cfg) if hasattr(progress, "start") else None
-        rs = run_config(cfg, count_only, model=model, recorder=recorder, progress=on_block)
+        rs = run_config(cfg, count_only, model=model, recorder=recorder, progress=on_block, fast=fast)
         results.extend(rs)
         if on_result:
             on_result(results)

@@ -33,19 +33,23 @@ class L2Cache:
                 line[1] = True
                 line[2] = owner
             return None
-        if nbytes > self.capacity_bytes:
+        capacity = self.capacity_bytes
+        if nbytes > capacity:
             # Larger than the cache: streams straight through (a write goes to HBM now).
             return [(owner, nbytes)] if write else _NONE
         evicted = _NONE
-        while self.used_bytes + nbytes > self.capacity_bytes:
-            _, (old_bytes, dirty, old_name) = lines.popitem(last=False)
-            self.used_bytes -= old_bytes
-            if dirty:
-                if evicted is _NONE:
-                    evicted = []
-                evicted.append((old_name, old_bytes))
+        used = self.used_bytes + nbytes          # with the new line
+        if used > capacity:
+            pop_oldest = lines.popitem
+            while used > capacity:               # evict least recently used lines until it fits
+                old_bytes, dirty, old_owner = pop_oldest(False)[1]
+                used -= old_bytes
+                if dirty:
+                    if evicted is _NONE:
+                        evicted = []
+                    evicted.append((old_owner, old_bytes))
         lines[key] = [nbytes, write, owner]
-        self.used_bytes += nbytes
+        self.used_bytes = used
         return evicted
 
     def flush(self) -> list:

@@ -22,12 +22,13 @@ from typing import Callable
 import simpy
 
 from .errors import HbmsimError
+from .fold import LaunchFold, fold_unit_blocks
 from .hardware import GPU
 from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
-from .simpy_adapter import events_scheduled
+from .simpy_adapter import Inline, events_scheduled
 from .time_model import TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
@@ -35,7 +36,7 @@ class LaunchState:
     """What one running launch's block slots share: the next block to hand out, how many slots
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "s_per_flop")
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "s_per_flop", "fold")
 
     def __init__(self, env: simpy.Environment, running: int, s_per_flop: float = 0.0):
         self.s_per_flop = s_per_flop     # tensor-core seconds per FLOP for this kernel's instruction
@@ -45,6 +46,7 @@ class LaunchState:
         self.stores = 0                  # HBM stores in flight
         self.drain_s = 0.0               # when the last store queued at L2 is served
         self.drained = None              # fired when `stores` reaches 0, if the kernel waits
+        self.fold = None                 # a fold.LaunchFold when this launch may be folded
 
     def track_store(self, hbm_ev, l2_done_s: float) -> None:
         """A store (or atomic, or write-back) nobody waits on: the kernel ends only after it."""
@@ -62,8 +64,12 @@ class LaunchState:
 
 class Machine:
     def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
-                 listener: Callable | None = None, recorder=None, progress: Callable | None = None):
+                 listener: Callable | None = None, recorder=None, progress: Callable | None = None,
+                 fold: bool = False):
         self.gpu = gpu
+        # fold.py: launches that declare a period are simulated until steady, the rest extrapolated;
+        # never while someone watches every step (trace, listener, timeline)
+        self.fold = fold and trace is None and listener is None and recorder is None
         self.trace = trace
         self.progress = progress      # progress(blocks_done, blocks_total) after every block, if given
         self.blocks_done = self.blocks_total = 0
@@ -77,7 +83,6 @@ class Machine:
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
-        self.writeback_bytes = 0      # dirty L2 evictions not yet sent to HBM
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
@@ -151,6 +156,9 @@ class Machine:
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
         state = LaunchState(env, n_workers, self.rates.s_per_flop[launch.tensor_op])
+        unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
+        if unit:
+            state.fold = LaunchFold(k, unit, launch.grid, self.gpu.l2_bytes)
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
@@ -167,25 +175,40 @@ class Machine:
         hbm1, sms1 = self._busy()
         k.hbm_busy_s = hbm1 - hbm0
         k.compute_busy_s = max(b - a for a, b in zip(sms0, sms1))
+        if state.fold is not None:
+            state.fold.merge()
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
 
     def _worker(self, launch: Launch, sm: int, k: KernelResult, state: LaunchState, resident: list):
-        """One block slot on one SM: runs blocks in linear order until the grid is exhausted."""
+        """One block slot on one SM: runs blocks in linear order until the grid is exhausted.
+        The blocks run inline (simpy_adapter.Inline: the events they wait for resume them
+        directly, not through this process, which only waits for the last one to end)."""
         ctx = BlockContext(self, sm, k, state)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
-        recorder, progress = self.recorder, self.progress
-        while state.next_block < launch.grid:
-            ctx.block = state.next_block
-            state.next_block += 1
-            start_s = self.env.now
-            yield from block_fn(ctx, ctx.block)
-            if recorder is not None:
-                recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
-            if progress is not None:
-                self.blocks_done += 1
-                progress(self.blocks_done, self.blocks_total)
+        recorder, progress, fold = self.recorder, self.progress, state.fold
+
+        def blocks():
+            """The slot's blocks, each a generator (run by Inline as `yield from` would)."""
+            while state.next_block < launch.grid:
+                b = state.next_block
+                if fold is not None:
+                    if b == fold.next_start:               # a unit starts: measure, maybe skip units
+                        b = fold.dispatch(b, self.env.now, self._busy)
+                        self.blocks_done += fold.skipped_blocks if b != state.next_block else 0
+                    ctx.kernel = fold.records[-1]          # the block counts into its unit's record
+                ctx.block = b
+                state.next_block = b + 1
+                start_s = self.env.now
+                yield block_fn(ctx, ctx.block)
+                if recorder is not None:
+                    recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
+                if progress is not None:
+                    self.blocks_done += 1
+                    progress(self.blocks_done, self.blocks_total)
+
+        yield Inline(self.env, blocks())
         resident[sm] -= launch.sram_bytes
         state.running -= 1
         if state.running == 0:
@@ -278,9 +301,10 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
              model: TimeModel | None = None, listener: Callable | None = None, recorder=None,
-             progress: Callable | None = None) -> SimResult:
+             progress: Callable | None = None, fold: bool = False) -> SimResult:
     """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
     `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations;
     `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace;
-    `progress(blocks_done, blocks_total)` is called after every block."""
-    return Machine(gpu, trace, model, listener, recorder, progress).run(program, max_events)
+    `progress(blocks_done, blocks_total)` is called after every block; `fold`: launches that
+    declare a period may be folded once steady (fold.py: the result says how much was simulated)."""
+    return Machine(gpu, trace, model, listener, recorder, progress, fold).run(program, max_events)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .errors import HbmsimError
 from .results import KernelResult
+from .simpy_adapter import timers
 from .tensor import Tensor, TensorView
 
 if TYPE_CHECKING:
@@ -32,6 +33,10 @@ class Launch:
     # what drives its tensor cores (time_model.py): "library" (cuBLAS: the GPU's best instruction)
     # or "mma.sync" (the warp-level instruction FlashAttention 1 and 2 are written with)
     tensor_op: str = "library"
+    # blocks b and b + period do the same work (the same tile shapes loaded and stored, the same
+    # compute), only on another batch-head: what lets the machine fold a steady launch (fold.py);
+    # 0: not declared, never folded
+    period: int = 0
 
 
 @dataclass
@@ -49,12 +54,21 @@ def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
 
 
 class BlockContext:
-    """What a block sees: load, store, compute (SimPy generators: `yield from ctx.load(...)`)."""
+    """What a block sees: load, store, compute. Every call is used as `yield from ctx.load(...)`:
+    the loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
+    called and return the events to wait for (none, or one), cheaper than a generator."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_l2_access", "_tensors", "_tensors_of",
+                 "_with_data")
 
     def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: "LaunchState"):
         self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
+        self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
+        self._l2_access = None if machine.l2 is None else machine.l2.access
+        # per tensor, what _issue needs of it for `self.kernel`: see _tensor
+        self._tensors: dict = {}
+        self._tensors_of = kernel
+        self._with_data = False               # whether a tensor this context has touched has data
 
     def load(self, view: TensorView, rows: slice, cols: slice):
         """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
@@ -68,9 +82,11 @@ class BlockContext:
         ev, l2_done_s = self._issue(tiles, False)
         if ev is not None:
             yield ev
-        env = self._m.env
-        if l2_done_s > env.now:
-            yield env.timeout(l2_done_s - env.now)
+        now = self._m.env.now
+        if l2_done_s > now:
+            yield self._after(l2_done_s - now)
+        if not self._with_data:                  # count-only: none of the tensors has data
+            return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
     def prefetch(self, *tiles):
@@ -81,32 +97,35 @@ class BlockContext:
     def wait(self, handle):
         """Wait for a prefetch to land (cp.async.wait_group); returns its tiles."""
         tiles, ev, l2_done_s = handle
-        if ev is not None and not ev.processed:
+        if ev is not None and ev.callbacks is not None:     # not processed yet
             yield ev
-        env = self._m.env
-        if l2_done_s > env.now:
-            yield env.timeout(l2_done_s - env.now)
+        now = self._m.env.now
+        if l2_done_s > now:
+            yield self._after(l2_done_s - now)
+        if not self._with_data:                  # count-only: none of the tensors has data
+            return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
-    def store(self, view: TensorView, rows: slice, cols: slice, value=None):
+    def store(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """Write one tile back to global memory (value is ignored in count-only mode)."""
-        yield from self.store_tiles((view, rows, cols, value))
+        return self.store_tiles((view, rows, cols, value))
 
-    def store_tiles(self, *tiles):
+    def store_tiles(self, *tiles) -> tuple:
         """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
-        all of them have drained."""
+        all of them have drained. (Nothing to wait for: returns no events.)"""
         for view, rows, cols, value in tiles:
-            self._write(view, rows, cols, value, "store to")
+            if view.tensor.data is not None:
+                self._write(view, rows, cols, value, "store to")
         self._launch.track_store(*self._issue(tiles, True))
-        yield from ()   # a generator like the other context calls, that never waits
+        return ()
 
-    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None):
+    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
         counted as a read and a write of the tile; like a store, it does not stall the block."""
         self._write(view, rows, cols, value, "atomic_add to", add=True)
         self._launch.track_store(*self._issue(((view, rows, cols),), False, also_write=True))
-        yield from ()
+        return ()
 
     @staticmethod
     def _write(view: TensorView, rows: slice, cols: slice, value, what: str, add: bool = False) -> None:
@@ -134,34 +153,39 @@ class BlockContext:
         notes dirty lines the L2 evicted (written back by one request nobody waits on)."""
         m = self._m
         kernel = self.kernel
-        counters = kernel.tensors
-        l2 = m.l2
+        if kernel is not self._tensors_of:        # the worker switched records (fold.py): start over
+            self._tensors, self._tensors_of = {}, kernel
+        known = self._tensors
+        access = self._l2_access
         trace = m.trace
-        hbm_bytes = l2_bytes = 0
-        for tile in tiles:
-            view, rows, cols = tile[0], tile[1], tile[2]
-            t = view.tensor
-            _, n_rows, n_cols = t.shape
-            if not (0 <= rows.start < rows.stop <= n_rows and 0 <= cols.start < cols.stop <= n_cols):
-                _span(rows, n_rows, "row", t)      # raises with the numbers
-                _span(cols, n_cols, "col", t)
-            nbytes = (rows.stop - rows.start) * (cols.stop - cols.start) * t.itemsize
-            key = (t.uid, view.group, rows.start, rows.stop, cols.start, cols.stop)
-            traffic = counters.get(t.name) or kernel.traffic(t.name)
-            for w in ((write, True) if also_write else (write,)):
+        hbm_bytes = l2_bytes = writeback_bytes = 0
+        t_prev = None
+        for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
+            for tile in tiles:
+                view, rows, cols = tile[0], tile[1], tile[2]
+                t = view.tensor
+                if t is not t_prev:                    # (tiles of one tensor often come in a row)
+                    n_rows, n_cols, itemsize, uid, traffic, owner = known.get(t) or self._tensor(t)
+                    t_prev = t
+                r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
+                if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
+                    _span(rows, n_rows, "row", t)      # raises with the numbers
+                    _span(cols, n_cols, "col", t)
+                nbytes = (r1 - r0) * (c1 - c0) * itemsize
+                key = (uid, view.group, r0, r1, c0, c1)
                 if w:
                     traffic.write += nbytes
                 else:
                     traffic.read += nbytes
-                if l2 is None:
+                if access is None:
                     from_hbm = True
                 else:
-                    evicted = l2.access(key, nbytes, (t.name, kernel.pass_name), w)
+                    evicted = access(key, nbytes, owner, w)
                     from_hbm = evicted is not None and not w        # a read miss
                     if evicted:
                         for (name, _), nb in evicted:
-                            (counters.get(name) or kernel.traffic(name)).hbm_write += nb
-                            m.writeback_bytes += nb
+                            (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
+                            writeback_bytes += nb
                 if from_hbm:
                     hbm_bytes += nbytes
                     if w:
@@ -175,16 +199,27 @@ class BlockContext:
                     trace(m.env.now, self.sm, kernel.name, self.block,
                           f"{'store' if w else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
                           f"{nbytes} B ({where})")
-        if m.writeback_bytes:
+        if writeback_bytes:
             # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
             # store they use bandwidth and the kernel ends only when they have drained.
-            self._launch.track_store(m.hbm.request(m.writeback_bytes), 0.0)
-            m.writeback_bytes = 0
+            self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
         l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
         hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
         if m.recorder is not None:
             self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
         return hbm_ev, l2_done_s
+
+    def _tensor(self, t: Tensor) -> tuple:
+        """What _issue needs of tensor `t`, found once per kernel record: its rows and columns,
+        bytes per element and L2 id, the kernel's counters for it (made at its first access, as
+        before) and the owner of its L2 lines (tensor, pass)."""
+        kernel = self.kernel
+        _, n_rows, n_cols = t.shape
+        if t.data is not None:
+            self._with_data = True
+        info = self._tensors[t] = (n_rows, n_cols, t.itemsize, t.uid,
+                                   kernel.tensors.get(t.name) or kernel.traffic(t.name), (t.name, kernel.pass_name))
+        return info
 
     def _record(self, tiles, write: bool, hbm_ev, hbm_bytes: int, l2_bytes: int, l2_done_s: float) -> None:
         """One transfer for the timeline: from now until its DRAM part and its L2 part are served."""
@@ -197,13 +232,14 @@ class BlockContext:
             hbm_ev.callbacks.append(lambda _ev: rec.transfer(sm, kernel, block, what, start_s,
                                                              max(m.env.now, l2_done_s), hbm_bytes, l2_bytes))
 
-    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0):
+    def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0) -> tuple:
         """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the
-        special-function unit) and SRAM reads, for as long as the time model (time_model.py) says."""
-        env = self._m.env
-        done_s = self._m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
-        if done_s > env.now:
-            yield env.timeout(done_s - env.now)
+        special-function unit) and SRAM reads, for as long as the time model (time_model.py) says.
+        Returns the event to wait for (none when the SM is done already)."""
+        m = self._m
+        done_s = m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
+        now = m.env.now
+        return (self._after(done_s - now),) if done_s > now else ()
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
@@ -212,13 +248,13 @@ class BlockContext:
         if listener is not None:
             listener(self._m.env.now, self.sm, self.kernel.name, self.block, what, values)
 
-    def compute_chain(self, *phases: dict):
+    def compute_chain(self, *phases: dict) -> tuple:
         """Several compute calls that depend on each other (each a dict of `compute`'s arguments),
-        run back to back on this SM: the same time as calling `compute` for each, in one event."""
-        env, m = self._m.env, self._m
-        done_s = env.now
+        run back to back on this SM: the same time as calling `compute` for each, in one event
+        (returned to wait for, as `compute` does)."""
+        m = self._m
+        now = done_s = m.env.now
         for ph in phases:
             done_s = m.compute(self, int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
                                int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0)))
-        if done_s > env.now:
-            yield env.timeout(done_s - env.now)
+        return (self._after(done_s - now),) if done_s > now else ()

@@ -3,8 +3,11 @@
 The fluid model: with n requests in flight on a pool of rate R, each is served at R/n. We keep a
 virtual clock V (work served to each request so far, in the pool's unit: bytes or seconds of
 work); a request of size s arriving when the clock reads V finishes when the clock reads V + s.
-Requests finish in order of that tag, so one heap and one pending wake-up event suffice: O(1)
-SimPy events per request, however many requests share the pool.
+Requests finish in order of that tag, so one priority queue and one pending wake-up event
+suffice: O(1) SimPy events per request, however many requests share the pool. The queue is a FIFO
+per request size (V only grows while requests are in flight, so requests of one size finish in
+arrival order) and a heap of the FIFOs' heads: a handful of sizes, where thousands of requests may
+be in flight.
 
 A fixed latency (DRAM round trip) is added after a request's data has been served; concurrent
 requests overlap their latencies, as pipelined memory requests do.
@@ -25,13 +28,14 @@ finite float is an error naming the rate, not an infinite or overflowing clock.
 """
 from __future__ import annotations
 
-import heapq
 import math
+from collections import deque
+from heapq import heappop, heappush, heapreplace
 
 import simpy
 
 from .errors import HbmsimError
-from .simpy_adapter import Completion
+from .simpy_adapter import Completion, timers
 
 _REL_EPS = 1e-12
 
@@ -53,7 +57,9 @@ class SharedPool:
         self.name = name
         self._virtual = 0.0          # work served to each in-flight request so far
         self._last_s = 0.0           # when _virtual was last brought up to date
-        self._heap: list = []        # (finish tag, seq, event)
+        self._fifos: dict = {}       # request size -> deque of (finish tag, seq, event), in arrival order
+        self._heads: list = []       # heap of (finish tag, seq, deque): the head of each non-empty deque
+        self._in_flight = 0          # requests in flight (n)
         self._seq = 0
         self._wake_at_s = None       # time of the pending wake-up, if any
         self._wake_event = None      # the pending wake-up itself: only it may act
@@ -61,9 +67,12 @@ class SharedPool:
         self.served = 0.0            # total work served
         self.requests = 0            # requests with work (each costs O(1) events)
         self.wakes = 0               # wake-ups that acted (for the liveness tests)
+        self._after = timers(env)    # schedules a wake-up (an env.timeout, cheaper)
 
     def _advance(self, now: float) -> None:
-        n = len(self._heap)
+        """Bring the virtual clock up to `now`: each of the n requests in flight got rate/n.
+        (request and _wake do the same, written out: they are the simulator's hot path.)"""
+        n = self._in_flight
         if n:
             dt = now - self._last_s
             self._virtual += dt * self.rate_per_s / n
@@ -78,30 +87,48 @@ class SharedPool:
             ev.fire_after(0.0)
             return ev
         self.requests += 1
-        self._advance(env.now)
+        now = env.now
+        n = self._in_flight
+        if n:                        # _advance(now)
+            dt = now - self._last_s
+            self._virtual += dt * self.rate_per_s / n
+            self.busy_s += dt
+        self._last_s = now
+        self._in_flight = n + 1
         self._seq += 1
-        entry = (self._virtual + amount, self._seq, ev)
-        heapq.heappush(self._heap, entry)
-        # A newcomer only delays the others; a pending wake-up stays valid unless it finishes first.
-        if self._wake_event is None or self._heap[0] is entry:
-            self._arm()
+        tag = self._virtual + amount
+        fifo = self._fifos.get(amount)
+        if fifo is None:
+            fifo = self._fifos[amount] = deque()
+        fifo.append((tag, self._seq, ev))
+        # A newcomer only delays the others; a pending wake-up stays valid unless it finishes first
+        # (which it can only as the head of its FIFO: the others there finish before it).
+        if len(fifo) == 1:
+            head = (tag, self._seq, fifo)
+            heappush(self._heads, head)
+            if self._wake_event is None or self._heads[0] is head:
+                self._arm(now)
+        elif self._wake_event is None:
+            self._arm(now)
         return ev
 
-    def _arm(self) -> None:
+    def _arm(self, now: float) -> None:
         """Make sure a wake-up is pending no later than the next finish (early ones re-arm)."""
-        heap = self._heap
-        if not heap:
+        heads = self._heads
+        if not heads:
             return
-        # The head's remaining work, served at rate/n each.
-        delay_s = _finite_delay(max(heap[0][0] - self._virtual, 0.0) * len(heap) / self.rate_per_s,
-                                self.name, self.rate_per_s, heap[0][0] - self._virtual)
-        at = self.env.now + delay_s
+        # The first finisher's remaining work (never below 0: max(remaining, 0.0)), served at rate/n each.
+        remaining = heads[0][0] - self._virtual
+        if remaining < 0.0:
+            remaining = 0.0
+        delay_s = remaining * self._in_flight / self.rate_per_s
+        if not delay_s < math.inf:
+            _finite_delay(delay_s, self.name, self.rate_per_s, heads[0][0] - self._virtual)   # raises
+        at = now + delay_s
         if self._wake_event is not None and self._wake_at_s <= at:
             return  # the pending wake-up comes first; it will re-arm
         self._wake_at_s = at
-        t = self.env.timeout(delay_s)
-        self._wake_event = t
-        t.callbacks.append(self._wake)
+        self._wake_event = self._after(delay_s, self._wake)
 
     def _wake(self, event) -> None:
         if event is not self._wake_event:
@@ -109,18 +136,31 @@ class SharedPool:
         self._wake_event = self._wake_at_s = None
         self.wakes += 1
         now = self.env.now
-        self._advance(now)
-        heap, v, rate = self._heap, self._virtual, self.rate_per_s
+        heads, rate = self._heads, self.rate_per_s
+        n = self._in_flight
+        if n:                        # _advance(now)
+            dt = now - self._last_s
+            self._virtual += dt * rate / n
+            self.busy_s += dt
+        self._last_s = now
+        v, latency_s = self._virtual, self.latency_s
         limit = v + _REL_EPS * abs(v)
-        while heap:
-            tag = heap[0][0]
+        while heads:
+            tag, _, fifo = heads[0]
             # Finished: served up to rounding, or so nearly that its finish time is `now` itself.
-            if tag > limit and now + (tag - v) * len(heap) / rate > now:
+            if tag > limit and now + (tag - v) * n / rate > now:
                 break
-            heapq.heappop(heap)[2].fire_after(self.latency_s)
-        if not heap:
+            fifo.popleft()[2].fire_after(latency_s)
+            n -= 1
+            if fifo:                 # its FIFO's next request heads it now
+                heapreplace(heads, (fifo[0][0], fifo[0][1], fifo))
+            else:
+                heappop(heads)
+        self._in_flight = n
+        if not n:
             self._virtual = 0.0      # idle: restart the virtual clock (keeps its rounding small)
-        self._arm()
+            self._fifos.clear()      # (and forget the sizes seen)
+        self._arm(now)
 
 
 class FifoPipe:
@@ -144,8 +184,11 @@ class FifoPipe:
         """Queue a request without an event of its own; returns when it will be served."""
         now = self.env.now
         service_s = amount / self.rate_per_s
-        start = self._free_at_s if self._free_at_s > now else now
-        self._free_at_s = _finite_delay(start + service_s, self.name, self.rate_per_s, amount)
+        free_at_s = self._free_at_s
+        free_at_s = (free_at_s if free_at_s > now else now) + service_s     # starts when free, or now
+        if not free_at_s < math.inf:
+            _finite_delay(free_at_s, self.name, self.rate_per_s, amount)     # raises
+        self._free_at_s = free_at_s
         self.busy_s += service_s
         self.served += amount
-        return self._free_at_s + self.latency_s
+        return free_at_s + self.latency_s

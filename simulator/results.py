@@ -40,6 +40,9 @@ class KernelResult:
     sram_peak_bytes: int = 0       # most SRAM one SM held for this kernel
     hbm_busy_s: float = 0.0        # time DRAM had a request in flight during this kernel
     compute_busy_s: float = 0.0    # busiest SM's compute time during this kernel
+    # steady-state folding (fold.py): blocks not simulated but extrapolated, and their time
+    folded_blocks: int = 0
+    folded_s: float = 0.0
     tensors: dict = field(default_factory=dict)   # name -> TensorTraffic
 
     def traffic(self, name: str) -> TensorTraffic:
@@ -50,7 +53,7 @@ class KernelResult:
 
     @property
     def time_s(self) -> float:
-        return self.end_s - self.start_s
+        return self.end_s - self.start_s + self.folded_s
 
     def total(self, attr: str) -> int:
         return sum(getattr(t, attr) for t in self.tensors.values())
@@ -65,6 +68,7 @@ class KernelResult:
             "matmul_flops": self.matmul_flops, "vector_flops": self.vector_flops,
             "exp_ops": self.exp_ops,
             "sram_read_bytes": self.sram_read_bytes, "hbm_peak_bytes": self.hbm_peak_bytes,
+            "folded_blocks": self.folded_blocks,
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
         }
 
@@ -127,6 +131,14 @@ class SimResult:
             "exp_ops": sum(k.exp_ops for k in ks),
             "time_s": time_s, "cycles": round(time_s * self.clock_hz), "bound": self.bound(pass_name),
             "hbm_busy_s": sum(k.hbm_busy_s for k in ks), "compute_busy_s": sum(k.compute_busy_s for k in ks),
+            # blocks simulated / blocks in the grids: below 1 when folding extrapolated the rest
+            "simulated_fraction": simulated_fraction(ks),
             "kernels": [k.to_dict(self.clock_hz) for k in ks],
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors(pass_name).items())},
         }
+
+
+def simulated_fraction(kernels: list) -> float:
+    """Fraction of the kernels' blocks that were simulated (1.0 unless folding skipped some)."""
+    grid = sum(k.grid for k in kernels)
+    return 1.0 if grid == 0 else 1.0 - sum(k.folded_blocks for k in kernels) / grid

@@ -84,7 +84,8 @@ def hbm_rate(gpu, model: TimeModel) -> float:
 class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
-    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial")
+    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "_known")
+    KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
     def __init__(self, gpu, model: TimeModel):
         sms = gpu.sm_count
@@ -101,10 +102,21 @@ class SmRates:
         self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
         self.s_per_sram_byte = 1.0 / gpu.sram_bytes_per_s_per_sm
         self.serial = model.serial_softmax
+        self._known: dict = {}    # compute_s's arguments -> its result
 
     def compute_s(self, s_per_flop: float, matmul_flops: int, vector_flops: int, exp_ops: int,
                   sram_bytes: int) -> float:
-        """How long one compute call keeps its SM busy."""
+        """How long one compute call keeps its SM busy (remembered: the same call, the same time)."""
+        args = (s_per_flop, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        work_s = self._known.get(args)
+        if work_s is None:
+            if len(self._known) >= self.KNOWN_MAX:
+                self._known.clear()
+            work_s = self._known[args] = self._compute_s(*args)
+        return work_s
+
+    def _compute_s(self, s_per_flop: float, matmul_flops: int, vector_flops: int, exp_ops: int,
+                   sram_bytes: int) -> float:
         tensor_s = max(matmul_flops * s_per_flop, sram_bytes * self.s_per_sram_byte)   # ldmatrix pipelined under mma
         if self.s_per_exp:
             vector_s = max(max(vector_flops - exp_ops, 0) * self.s_per_vec_op, exp_ops * self.s_per_exp)

@@ -1,0 +1,162 @@
+"""Steady-state folding: a long launch of alike blocks is simulated in part, and the rest extrapolated.
+
+A launch may declare a `period` p: block b and block b + p do the same work (the same tile
+shapes loaded and stored, the same compute), differing only in the batch-head they touch. Such
+a launch, once its first wave has settled, repeats itself: each *unit* of U blocks (a whole
+number of periods spanning at least one wave of the machine's W block slots) is dispatched
+T seconds after the previous one. The machine then
+
+1. simulates units one by one, noting when each unit's first block is dispatched;
+2. waits for the L2 to settle: until the launch has put as many bytes into the L2 (DRAM reads
+   and stores, which allocate lines) as it holds, its lines are still the previous launch's
+   and no dirty line of this one has been evicted yet, so DRAM traffic is still rising;
+3. once the last 3j units' three thirds took the same time (within STEADY_REL_TOL; j = 1, 2,
+   4, ...: lock-step waves agree at once, uneven blocks need a longer mean), skips K whole
+   units, leaving the last unit and the remainder to simulate (the tail, where the machine
+   drains, is never extrapolated), and adds K x T to the launch's time, T the window's mean;
+4. counts what the skipped blocks would have counted as K times what the last measured unit
+   counted. Units are whole periods, so the L2-side bytes and the FLOPs of the skipped blocks
+   are exact (they equal the closed forms); their DRAM bytes (K times the window's mean) and
+   busy times are extrapolated.
+
+U = lcm(p, W) when the grid holds WHOLE_WAVE_UNITS of those (skipping a whole number of waves
+keeps the tail's wave alignment exact); otherwise the smallest multiple of p spanning a wave,
+and the tail may be off by less than one wave's time. Each simulated unit's blocks count into a unit record of
+their own (a KernelResult), so that one unit's counts can be multiplied; all are merged into
+the launch's result at its end. A launch that never settles is simulated whole.
+"""
+from __future__ import annotations
+
+import math
+
+from .results import KernelResult
+
+WARMUP_UNITS = 1          # the first unit starts from an idle machine: never used to measure
+STEADY_REL_TOL = 1e-3     # consecutive windows within 0.1% of each other: the steady state
+MIN_UNITS = 6             # warm-up + 3 measured + at least 1 skipped + the tail
+WHOLE_WAVE_UNITS = 24     # whole-wave units are preferred when the grid holds this many
+
+
+def fold_unit_blocks(period: int, workers: int, grid: int) -> int:
+    """Blocks per unit (0: the launch cannot fold): a whole number of periods spanning at least
+    a wave, preferring lcm(period, workers) (whole waves too) when the grid holds enough of them
+    that folding still skips most of it."""
+    if period <= 0 or workers <= 0:
+        return 0
+    whole_waves = math.lcm(period, workers)
+    if WHOLE_WAVE_UNITS * whole_waves <= grid:
+        return whole_waves
+    unit = period * math.ceil(workers / period)
+    return unit if MIN_UNITS * unit <= grid else 0
+
+
+class LaunchFold:
+    """The folding state of one launch (see the module docstring)."""
+
+    def __init__(self, kernel: KernelResult, unit_blocks: int, grid: int, l2_bytes: int = 0):
+        self.kernel = kernel
+        self.l2_bytes = l2_bytes     # L2 capacity (0: none) to fill before measuring
+        self.unit = unit_blocks
+        self.grid = grid
+        self.next_start = 0          # first block of the next unit to be dispatched
+        self.starts_s: list = []     # dispatch time of each simulated unit's first block
+        self.busy: list = []         # (DRAM busy s, [busy s of each SM]) at each unit's start
+        self.records: list = []      # one KernelResult per simulated unit
+        self.skipped_units = 0
+        self.skipped_s = 0.0
+        # (the last measured unit's record, the records of the window measured, and that window's
+        # DRAM busy s and busiest SM's busy s per unit), once units are skipped
+        self._measured = None
+        self.settled_unit = None     # the first unit dispatched after the warm-up
+        self._allocated = self._summed = 0   # L2 bytes allocated by the first `_summed` units
+
+    def dispatch(self, block: int, now_s: float, busy) -> int:
+        """Called when `block` is the next to dispatch and starts a unit. Returns the block to run:
+        `block` itself, or the first block after the skipped units."""
+        k = self.kernel
+        self.starts_s.append(now_s)
+        self.busy.append(busy())
+        u = len(self.starts_s) - 1
+        if self.settled_unit is None and self._l2_filled():
+            self.settled_unit = u          # units from here on are measured
+        skip = (self.grid - block) // self.unit - 1          # keep the last unit and the remainder
+        if self.skipped_units == 0 and self.settled_unit is not None and skip >= 1:
+            window = self._steady_window(u)
+            if window:
+                (hbm0, sms0), (hbm1, sms1) = self.busy[u - window], self.busy[u]
+                self._measured = (self.records[-1], self.records[-window:], (hbm1 - hbm0) / window,
+                                  max(b - a for a, b in zip(sms0, sms1)) / window)
+                self.skipped_units = skip
+                self.skipped_s = skip * (self.starts_s[u] - self.starts_s[u - window]) / window
+                block += skip * self.unit
+        self.records.append(KernelResult(k.name, k.grid, k.sram_bytes_per_block, k.blocks_per_sm, k.pass_name))
+        self.next_start = block + self.unit
+        return block
+
+    def _steady_window(self, u: int) -> int:
+        """The fewest units 3j before unit u (j = 1, 2, 4, ... from the settled unit on) whose
+        three thirds took the same time within STEADY_REL_TOL; 0 if none. Lock-step waves settle
+        at j = 1; blocks of unequal length (a causal mask) dispatch unevenly, and need a longer mean."""
+        starts, j = self.starts_s, 1
+        while u - 3 * j >= self.settled_unit:
+            thirds = [starts[u - i * j] - starts[u - (i + 1) * j] for i in range(3)]
+            if min(thirds) > 0 and max(thirds) - min(thirds) <= STEADY_REL_TOL * min(thirds):
+                return 3 * j
+            j *= 2
+        return 0
+
+    def _l2_filled(self) -> bool:
+        """Past the warm-up unit, and the launch has allocated as many L2 bytes as the L2 holds.
+        Units older than the last three (whose blocks, at a unit spanning a wave or more, have
+        ended) are summed once, so the check costs O(1) per unit."""
+        if len(self.starts_s) <= WARMUP_UNITS:
+            return False
+        while self._summed < len(self.records) - 3:
+            self._allocated += _allocated_bytes(self.records[self._summed])
+            self._summed += 1
+        recent = sum(_allocated_bytes(r) for r in self.records[self._summed:])
+        return self._allocated + recent >= self.l2_bytes
+
+    @property
+    def skipped_blocks(self) -> int:
+        return self.skipped_units * self.unit
+
+    def merge(self) -> None:
+        """At the launch's end (after its busy times are set): every unit's counts into the
+        launch's result, and the skipped units' as K times the last measured unit's."""
+        k = self.kernel
+        for rec in self.records:
+            _add_counts(k, rec, 1)
+        if self._measured is not None:
+            rec, window, hbm_busy_s, sm_busy_s = self._measured
+            skipped = self.skipped_units
+            _add_counts(k, rec, skipped, dram=False)
+            for name in {name for r in window for name in r.tensors}:      # DRAM: the window's mean
+                mine = k.traffic(name)
+                mine.hbm_read += round(skipped * sum(r.traffic(name).hbm_read for r in window) / len(window))
+                mine.hbm_write += round(skipped * sum(r.traffic(name).hbm_write for r in window) / len(window))
+            k.folded_blocks = self.skipped_blocks
+            k.folded_s = self.skipped_s
+            k.hbm_busy_s += self.skipped_units * hbm_busy_s
+            k.compute_busy_s += self.skipped_units * sm_busy_s
+
+
+def _allocated_bytes(rec: KernelResult) -> int:
+    # read misses and stores put lines into the L2
+    return sum(t.hbm_read + t.write for t in rec.tensors.values())
+
+
+def _add_counts(k: KernelResult, rec: KernelResult, times: int, dram: bool = True) -> None:
+    # every counter a block increments: FLOPs, exps, SRAM reads, and each tensor's bytes (L2-side,
+    # and DRAM unless `dram` is false)
+    k.matmul_flops += times * rec.matmul_flops
+    k.vector_flops += times * rec.vector_flops
+    k.exp_ops += times * rec.exp_ops
+    k.sram_read_bytes += times * rec.sram_read_bytes
+    for name, t in rec.tensors.items():
+        mine = k.traffic(name)
+        mine.read += times * t.read
+        mine.write += times * t.write
+        if dram:
+            mine.hbm_read += times * t.hbm_read
+            mine.hbm_write += times * t.hbm_write

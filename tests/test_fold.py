@@ -1,0 +1,132 @@
+"""Fast mode: steady-state folding (simulator/fold.py) and several tiles per simulated step
+(algorithms/common.tiles_per_step). A folded run's L2-side bytes and FLOPs equal the full run's
+and the closed forms exactly; its predicted time is within 1% of the full simulation; a launch
+of identical lock-step waves folds with no error at all (worked by hand)."""
+import dataclasses
+
+import pytest
+
+import hbmsim.algorithms.common as common
+from hbmsim.algorithms.workload import Workload
+from hbmsim.scenarios.experiment import HARDWARE_DIR, Config, RunSpec
+from hbmsim.scenarios.runner import resolve_mapping, run_config
+from hbmsim.simulator import Launch, Program, Tensor, load_gpu, simulate
+from hbmsim.simulator.fold import fold_unit_blocks
+from hbmsim.simulator.timeline import Timeline
+
+from conftest import tiny_gpu
+from test_fuzz import closed_form, counted, nonzero
+
+
+# ---- a launch worked by hand ---------------------------------------------------------------------
+
+def waves_program(grid: int, period: int = 1) -> tuple[Program, Tensor]:
+    """`grid` blocks, each loading its own 1000-byte row of X and computing 3e6 tensor FLOPs."""
+    X = Tensor("X", (1, grid, 500), "fp16")
+
+    def block(ctx, b):
+        yield from ctx.load(X[0], slice(b, b + 1), slice(0, 500))
+        yield from ctx.compute(matmul_flops=3_000_000)
+
+    return Program("waves", [Launch("k", grid, 0, block, period=period)], inputs=(X,)), X
+
+
+def test_lock_step_waves_fold_exactly():
+    # 4 SMs x 1 slot = 4 blocks a wave. A wave: 4 loads of 1000 B share 1e11 B/s (40 ns) plus
+    # 100 ns of latency, then 3e6 FLOPs at 1e12 FLOP/s per SM (3 us): 3.14 us; 10 waves: 31.4 us.
+    gpu = tiny_gpu(max_blocks_per_sm=1)
+    full = simulate(gpu, waves_program(40)[0])
+    assert full.time_s == pytest.approx(10 * 3.14e-6, rel=1e-12)
+    # Folded: unit = lcm(1, 4) = 4 blocks. Unit 0 warms up, units 1-3 measure (3.14 us each, equal),
+    # so at unit 4 (block 16) it skips (40 - 16) // 4 - 1 = 5 units = 20 blocks and simulates the
+    # last 4: 5 units simulated, 5 x 3.14 us extrapolated.
+    fold = simulate(gpu, waves_program(40)[0], fold=True)
+    k = fold.kernels[0]
+    assert k.folded_blocks == 20 and k.folded_s == pytest.approx(5 * 3.14e-6, rel=1e-12)
+    assert fold.time_s == pytest.approx(full.time_s, rel=1e-12)
+    d, f = fold.to_dict(), full.to_dict()
+    assert d["simulated_fraction"] == 0.5 and f["simulated_fraction"] == 1.0
+    # every counter: 40 rows of 1000 B from DRAM, 40 x 3e6 FLOPs
+    assert d["tensors"]["X"] == {"read": 40_000, "write": 0, "hbm_read": 40_000, "hbm_write": 0}
+    assert d["matmul_flops"] == 120_000_000
+    for key in ("hbm_read_bytes", "global_read_bytes", "matmul_flops", "hbm_busy_s", "compute_busy_s"):
+        assert d[key] == pytest.approx(f[key], rel=1e-12), key
+
+
+def test_what_is_never_folded():
+    gpu = tiny_gpu(max_blocks_per_sm=1)
+    # no period declared
+    assert simulate(gpu, waves_program(40, period=0)[0], fold=True).kernels[0].folded_blocks == 0
+    # too short: fewer than 6 units (warm-up, 3 measured, one skipped, the tail)
+    assert fold_unit_blocks(1, 4, 23) == 0 and fold_unit_blocks(1, 4, 24) == 4
+    # period 3, waves of 4: whole waves (lcm = 12 blocks) when 24 such units fit, else the smallest
+    # multiple of the period spanning a wave (6 blocks) when 6 fit, else nothing
+    assert fold_unit_blocks(3, 4, 288) == 12 and fold_unit_blocks(3, 4, 287) == 6
+    assert fold_unit_blocks(3, 4, 36) == 6 and fold_unit_blocks(3, 4, 35) == 0
+    # whoever watches every step (trace, listener, timeline) sees every block
+    for watch in ({"trace": lambda *a: None}, {"listener": lambda *a: None}, {"recorder": Timeline()}):
+        assert simulate(gpu, waves_program(40)[0], fold=True, **watch).kernels[0].folded_blocks == 0
+
+
+# ---- flash2 on a machine cut to 16 SMs: fast against full ---------------------------------------------
+
+def part_of(preset: str, sms: int = 16):
+    """A preset cut to `sms` SMs with its L2 and bandwidths cut alike (a small machine, so that
+    the full simulation the fold is compared with runs in a second)."""
+    g = load_gpu(HARDWARE_DIR / f"{preset}.toml")
+    f = sms / g.sm_count
+    return g.with_sms(sms).with_overrides({"l2_bytes": int(g.l2_bytes * f), "hbm_bytes_per_s": g.hbm_bytes_per_s * f,
+                                           "l2_bytes_per_s": g.l2_bytes_per_s * f}, "test")
+
+
+def flash2_config(gpu, wl: Workload, passes: tuple) -> Config:
+    cfg = Config(gpu, wl, RunSpec("flash2", passes, {}))
+    return dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+
+
+CASES = {
+    "h100-fwd": ("h100-sxm5-80gb", dict(head_dim=128, dtype="bf16"), ("forward",)),
+    "a100-fwd+bwd": ("a100-sxm4-40gb", dict(head_dim=64, dtype="fp16"), ("forward", "backward")),
+    "a100-causal-fwd+bwd": ("a100-sxm4-40gb", dict(head_dim=64, dtype="fp16", causal=True), ("forward", "backward")),
+}
+
+
+def compare(cfg: Config, must_fold: bool) -> None:
+    full = run_config(cfg, count_only=True)
+    fast = run_config(cfg, count_only=True, fast=True)
+    assert [r["fast"] for r in fast] == [True] * len(fast) and not full[0]["fast"]
+    for a, s in zip(full, fast):
+        assert s["pass"] == a["pass"]
+        # exact: every tensor's L2-side bytes (the closed forms) and every FLOP, exp and SRAM read
+        assert counted(s) == counted(a) == nonzero(closed_form(cfg, s, s["pass"]))
+        for key in ("matmul_flops", "vector_flops", "exp_ops"):
+            assert s[key] == a[key], key
+        assert [k["sram_read_bytes"] for k in s["kernels"]] == [k["sram_read_bytes"] for k in a["kernels"]]
+        # predicted time within 1% of the full simulation
+        assert s["time_s"] == pytest.approx(a["time_s"], rel=0.01), s["pass"]
+        assert a["simulated_fraction"] == 1.0
+    if must_fold:
+        assert fast[-1]["simulated_fraction"] < 0.9
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_folded_flash2_is_within_1_percent_with_exact_counts(case):
+    preset, wl_fields, passes = CASES[case]
+    wl = Workload(batch=4, heads=16, seq_len_q=2048, seq_len_kv=2048, **wl_fields)
+    compare(flash2_config(part_of(preset), wl, passes), must_fold=True)
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm5-80gb", "a100-sxm4-40gb"])
+def test_several_tiles_a_step_are_within_1_percent_with_exact_counts(monkeypatch, preset):
+    # N = 16384: 256 K/V tiles of 64 (forward) and 256 query tiles of 64 (backward); with the
+    # threshold lowered to 128 tiles, 2 tiles a step and fast mode's 128 steps a block
+    monkeypatch.setattr(common, "COARSE_ABOVE_TILES", 128)
+    assert common.tiles_per_step(256) == 2
+    wl = Workload(batch=1, heads=2, seq_len_q=16384, seq_len_kv=16384, head_dim=128, dtype="bf16")
+    compare(flash2_config(part_of(preset), wl, ("forward", "backward")), must_fold=False)
+
+
+def test_tiles_per_step_rule():
+    assert common.tiles_per_step(256) == 1              # at most COARSE_ABOVE_TILES: a step a tile
+    assert common.tiles_per_step(257) == 2               # then at least STEPS_PER_BLOCK steps
+    assert common.tiles_per_step(2048) == 16             # N = 131072 at 64-wide tiles: 128 steps
