@@ -317,7 +317,7 @@ def cmd_bench(args) -> int:
     from .bench import bench
     if args.json:
         check_output_path(args.json, "--json")
-    result = bench(args.experiment)
+    result = bench(args.experiment, mode=args.mode)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
@@ -463,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="time the simulator on a GPT-2-medium-sized experiment vs bare SimPy")
     b.add_argument("--experiment", default="gpt2-medium", help="experiment to time (default: gpt2-medium)")
     b.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
+    b.add_argument("--mode", choices=("both", "fast", "full"), default="both",
+                   help="fast mode (as hbmsim run), full simulation, or both (default)")
     b.set_defaults(func=cmd_bench)
     a = sub.add_parser("anomalies", help="measure how often a bigger GPU is predicted slower (scheduling anomalies)")
     a.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default: a100-sxm4-40gb)")

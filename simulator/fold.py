@@ -7,9 +7,9 @@ number of periods spanning at least one wave of the machine's W block slots) is 
 T seconds after the previous one. The machine then
 
 1. simulates units one by one, noting when each unit's first block is dispatched;
-2. waits for the L2 to settle: until the launch has put as many bytes into the L2 (DRAM reads
-   and stores, which allocate lines) as it holds, its lines are still the previous launch's
-   and no dirty line of this one has been evicted yet, so DRAM traffic is still rising;
+2. waits for the L2 to turn over: until the launch has put as many bytes into the L2 (lines
+   of read misses and of stores) as it holds, some lines are still the previous launch's and
+   few dirty lines of this one have been evicted, so DRAM traffic is still rising;
 3. once the last 3j units' three thirds took the same time (within STEADY_REL_TOL; j = 1, 2,
    4, ...: lock-step waves agree at once, uneven blocks need a longer mean), skips K whole
    units, leaving the last unit and the remainder to simulate (the tail, where the machine
@@ -53,9 +53,10 @@ def fold_unit_blocks(period: int, workers: int, grid: int) -> int:
 class LaunchFold:
     """The folding state of one launch (see the module docstring)."""
 
-    def __init__(self, kernel: KernelResult, unit_blocks: int, grid: int, l2_bytes: int = 0):
+    def __init__(self, kernel: KernelResult, unit_blocks: int, grid: int, l2=None):
         self.kernel = kernel
-        self.l2_bytes = l2_bytes     # L2 capacity (0: none) to fill before measuring
+        self.l2 = l2                 # the machine's L2Cache (None: no L2), to turn over before measuring
+        self._inserted_at_start = 0 if l2 is None else l2.inserted_bytes
         self.unit = unit_blocks
         self.grid = grid
         self.next_start = 0          # first block of the next unit to be dispatched
@@ -68,7 +69,6 @@ class LaunchFold:
         # DRAM busy s and busiest SM's busy s per unit), once units are skipped
         self._measured = None
         self.settled_unit = None     # the first unit dispatched after the warm-up
-        self._allocated = self._summed = 0   # L2 bytes allocated by the first `_summed` units
 
     def dispatch(self, block: int, now_s: float, busy) -> int:
         """Called when `block` is the next to dispatch and starts a unit. Returns the block to run:
@@ -106,16 +106,11 @@ class LaunchFold:
         return 0
 
     def _l2_filled(self) -> bool:
-        """Past the warm-up unit, and the launch has allocated as many L2 bytes as the L2 holds.
-        Units older than the last three (whose blocks, at a unit spanning a wave or more, have
-        ended) are summed once, so the check costs O(1) per unit."""
+        """Past the warm-up unit, and the launch has put as many bytes into the L2 as it holds."""
         if len(self.starts_s) <= WARMUP_UNITS:
             return False
-        while self._summed < len(self.records) - 3:
-            self._allocated += _allocated_bytes(self.records[self._summed])
-            self._summed += 1
-        recent = sum(_allocated_bytes(r) for r in self.records[self._summed:])
-        return self._allocated + recent >= self.l2_bytes
+        l2 = self.l2
+        return l2 is None or l2.inserted_bytes - self._inserted_at_start >= l2.capacity_bytes
 
     @property
     def skipped_blocks(self) -> int:
@@ -139,11 +134,6 @@ class LaunchFold:
             k.folded_s = self.skipped_s
             k.hbm_busy_s += self.skipped_units * hbm_busy_s
             k.compute_busy_s += self.skipped_units * sm_busy_s
-
-
-def _allocated_bytes(rec: KernelResult) -> int:
-    # read misses and stores put lines into the L2
-    return sum(t.hbm_read + t.write for t in rec.tensors.values())
 
 
 def _add_counts(k: KernelResult, rec: KernelResult, times: int, dram: bool = True) -> None:

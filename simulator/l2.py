@@ -20,6 +20,7 @@ class L2Cache:
     def __init__(self, capacity_bytes: int):
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
+        self.inserted_bytes = 0        # bytes of every line ever put in (fold.py: has the L2 turned over?)
         self._lines: OrderedDict = OrderedDict()  # key -> [nbytes, dirty, owner]
 
     def access(self, key, nbytes: int, owner, write: bool):
@@ -50,6 +51,7 @@ class L2Cache:
                     evicted.append((old_owner, old_bytes))
         lines[key] = [nbytes, write, owner]
         self.used_bytes = used
+        self.inserted_bytes += nbytes
         return evicted
 
     def flush(self) -> list:

@@ -158,7 +158,7 @@ class Machine:
         state = LaunchState(env, n_workers, self.rates.s_per_flop[launch.tensor_op])
         unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
         if unit:
-            state.fold = LaunchFold(k, unit, launch.grid, self.gpu.l2_bytes)
+            state.fold = LaunchFold(k, unit, launch.grid, self.l2)
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))

@@ -225,5 +225,13 @@ def test_demo_writes_figure_and_table(tmp_path, capsys):
 def test_bench_reports_wall_time_and_ratio(capsys):
     from hbmsim.scenarios.bench import bench
     result = bench("small-masked", progress=False)
-    assert result["sim_events"] == sum(r["sim_events"] for r in result["runs"]) > 0
-    assert result["ratio_to_bare_simpy"] > 0 and result["mode"] == "count-only"
+    assert result["mode"] == "count-only" and result["peak_rss_bytes"] > 0
+    for mode in ("fast", "full"):
+        m = result[mode]
+        assert m["sim_events"] == sum(r["sim_events"] for r in m["runs"]) > 0
+        assert m["ratio_to_bare_simpy"] > 0 and m["wall_s"] > 0
+    # small-masked is too short to fold: both modes simulate the same events and predict the same times
+    fast, full = result["fast"]["runs"], result["full"]["runs"]
+    assert [r["predicted_time_s"] for r in fast] == [r["predicted_time_s"] for r in full]
+    assert [r["simulated_fraction"] for r in fast] == [1.0] * len(fast)
+    assert "full" not in bench("small-masked", progress=False, mode="fast")
