@@ -57,7 +57,7 @@ def time_mode(exp, fast: bool, progress: bool) -> dict:
         rs = run_config(cfg, count_only=True, fast=fast)
         wall = time.perf_counter() - t0
         r = rs[-1]
-        runs.append({"algorithm": r["algorithm"], "passes": [x["pass"] for x in rs], "wall_s": round(wall, 3),
+        runs.append({"algorithm": r["algorithm"], "passes": list(cfg.run.passes), "wall_s": round(wall, 3),
                      "sim_events": r["sim_events"], "predicted_time_s": r["time_s"],
                      "simulated_fraction": r["simulated_fraction"], "peak_rss_bytes": peak_rss_bytes()})
         if progress:

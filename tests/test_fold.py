@@ -3,11 +3,13 @@
 and the closed forms exactly; its predicted time is within 1% of the full simulation; a launch
 of identical lock-step waves folds with no error at all (worked by hand)."""
 import dataclasses
+import json
 
 import pytest
 
 import hbmsim.algorithms.common as common
 from hbmsim.algorithms.workload import Workload
+from hbmsim.scenarios.cli import main
 from hbmsim.scenarios.experiment import HARDWARE_DIR, Config, RunSpec
 from hbmsim.scenarios.runner import resolve_mapping, run_config
 from hbmsim.simulator import Launch, Program, Tensor, load_gpu, simulate
@@ -130,3 +132,44 @@ def test_tiles_per_step_rule():
     assert common.tiles_per_step(256) == 1              # at most COARSE_ABOVE_TILES: a step a tile
     assert common.tiles_per_step(257) == 2               # then at least STEPS_PER_BLOCK steps
     assert common.tiles_per_step(2048) == 16             # N = 131072 at 64-wide tiles: 128 steps
+
+
+# ---- the command line ------------------------------------------------------------------------------
+
+SMALL_H100 = """name = "fold"
+hardware = "h100-sxm5-80gb"
+
+[hardware_overrides]
+sm_count = 16
+l2_bytes = 6_000_000
+
+[workload]
+batch = 4
+heads = 16
+seq_len = 2048
+head_dim = 128
+dtype = "bf16"
+
+[[runs]]
+algorithm = "flash2"
+"""
+
+
+def test_run_is_fast_when_count_only_unless_full(tmp_path, capsys):
+    exp = tmp_path / "fold.toml"
+    exp.write_text(SMALL_H100)
+    results = {}
+    for flag in ("", "--full"):
+        out_json = tmp_path / f"r{flag}.json"
+        argv = ["run", str(exp), "--count-only", "--json", str(out_json), "--quiet"] + ([flag] if flag else [])
+        assert main(argv) == 0
+        out, _ = capsys.readouterr()
+        results[flag] = json.loads(out_json.read_text())["runs"][0]
+        # the table says what was folded, only when something was
+        assert ("fast mode: 1 of 1 results simulated" in out) == (flag == "")
+    fast, full = results[""], results["--full"]
+    assert fast["fast"] and not full["fast"]
+    assert fast["simulated_fraction"] < 1.0 == full["simulated_fraction"]
+    assert sum(k["folded_blocks"] for k in fast["kernels"]) > 0
+    assert fast["tensors"]["K"]["read"] == full["tensors"]["K"]["read"]
+    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
