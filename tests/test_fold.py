@@ -4,10 +4,11 @@ and the closed forms exactly; its predicted time is within 1% of the full simula
 of identical lock-step waves folds with no error at all (worked by hand)."""
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hbmsim.algorithms.common as common
@@ -18,12 +19,12 @@ from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.scenarios.cli import main
 from hbmsim.scenarios.experiment import HARDWARE_DIR, Config, RunSpec
 from hbmsim.scenarios.runner import resolve_mapping, run_config
-from hbmsim.simulator import Launch, Program, Tensor, load_gpu, simulate
+from hbmsim.simulator import HbmsimError, Launch, Program, Tensor, load_gpu, simulate
 from hbmsim.simulator.fold import fold_unit_blocks
 from hbmsim.simulator.timeline import Timeline
 
 from conftest import tiny_gpu
-from test_fuzz import closed_form, counted, nonzero
+from test_fuzz import closed_form, configs, counted, hard_limit, nonzero
 
 
 # ---- a launch worked by hand ---------------------------------------------------------------------
@@ -207,3 +208,31 @@ def test_several_tiles_a_step_keep_numerics_and_counts(fields, bq, bkv, kv_step,
         got = {n: (t.read, t.write) for n, t in res.tensors(pass_name).items() if (t.read, t.write) != (0, 0)}
         want = {n: tuple(rw) for n, rw in SPEC.io(wl, mapping, pass_name).items() if tuple(rw) != (0, 0)}
         assert got == want, pass_name
+
+
+# ---- random configurations in fast mode ------------------------------------------------------------
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(configs(), st.integers(1, 4), st.integers(4, 12), st.integers(4, 12))
+def test_random_configs_in_fast_mode_finish_with_closed_form_counts(cfg, sms, batch, heads):
+    """The fuzz test's configurations (any program, mask, mapping and rates) on a GPU cut to 1-4
+    SMs of one block slot each and at most 64 KiB of L2, with 16-144 batch-heads, so that launches fold, with several
+    tiles a step from 3 tiles on: they finish, with finite times and L2-side bytes equal to the
+    closed forms."""
+    gpu = cfg.gpu.with_sms(sms)
+    gpu = gpu.with_overrides({"max_blocks_per_sm": 1, "l2_bytes": min(gpu.l2_bytes, 65536)}, "fuzz")
+    cfg = dataclasses.replace(cfg, gpu=gpu, workload=dataclasses.replace(cfg.workload, batch=batch, heads=heads))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "COARSE_ABOVE_TILES", 2)
+        mp.setattr(common, "STEPS_PER_BLOCK", 1)
+        try:
+            with hard_limit():
+                results = run_config(cfg, count_only=True, fast=True)
+        except HbmsimError as err:
+            msg = str(err)
+            assert "\n" not in msg and ("SRAM" in msg or "HBM" in msg or "too long" in msg), msg
+            return
+    for r in results:
+        assert r["fast"] and 0 < r["simulated_fraction"] <= 1
+        assert counted(r) == nonzero(closed_form(cfg, r, r["pass"])), r["pass"]
+        assert math.isfinite(r["time_s"]) and r["time_s"] > 0
