@@ -129,12 +129,10 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         dk_acc = dv_acc = None
         if numeric:
             dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
-        for i in range(i_first, tr):
-            if i % q_step and i != i_first:
-                continue
-            # query tiles in this step: steps end at multiples of q_step, so that every K/V block
-            # loads the same Q, dO rows (and the L2 sees them as the same lines) whatever i_first
-            tiles = min(tr, (i // q_step + 1) * q_step) - i
+        # steps end at multiples of q_step, so that every K/V block loads the same Q, dO rows (and
+        # the L2 sees them as the same lines) whatever i_first
+        for i in [i_first, *range((i_first // q_step + 1) * q_step, tr, q_step)]:
+            tiles = min(tr, (i // q_step + 1) * q_step) - i      # query tiles in this step
             r0, r1 = q_rows(i).start, q_rows(i + tiles - 1).stop
             rows, n = slice(r0, r1), r1 - r0
             q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),

@@ -12,7 +12,7 @@ from pathlib import Path
 from hbmsim.simulator import HbmsimError
 
 from .experiment import Config, Experiment, RunSpec
-from .outputs import save_figure
+from .outputs import pyplot, save_figure
 from .runner import prepare, run_config
 
 DEFAULT_SIZES = (16, 32, 64, 128, 256)
@@ -61,13 +61,10 @@ def table(cells: list[Cell]) -> str:
 
 
 def plot(cells: list[Cell], path: str | Path, title: str) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
+    import matplotlib.colors
     qs = sorted({c.block_q for c in cells})
     ks = sorted({c.block_kv for c in cells})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))

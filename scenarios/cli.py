@@ -263,13 +263,18 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def cmd_blockmap(args) -> int:
-    from . import blockmap
-    from .experiment import make_workload
+def check_plot_and_json(args) -> None:
+    """A command's --plot and --json outputs, checked before any work."""
     if args.plot:
         check_plot_output(args.plot, "--plot")
     if args.json:
         check_output_path(args.json, "--json")
+
+
+def cmd_blockmap(args) -> int:
+    from . import blockmap
+    from .experiment import make_workload
+    check_plot_and_json(args)
     try:
         sizes = tuple(int(x) for x in args.sizes.split(","))
     except ValueError:
@@ -336,10 +341,7 @@ def cmd_compare(args) -> int:
 def cmd_validate(args) -> int:
     from . import validate as V
     from .published import measured_names
-    if args.plot:
-        check_plot_output(args.plot, "--plot")
-    if args.json:
-        check_output_path(args.json, "--json")
+    check_plot_and_json(args)
     refs = args.files or measured_names()
     model = time_model(args)
     points: list = []

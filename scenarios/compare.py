@@ -18,7 +18,7 @@ from pathlib import Path
 from hbmsim.algorithms import registry
 from hbmsim.simulator import HbmsimError
 
-from .outputs import check_plot_path, save_figure
+from .outputs import check_plot_path, pyplot, save_figure
 
 FIELDS = ("global_read_bytes", "global_write_bytes", "hbm_read_bytes", "hbm_write_bytes", "time_s")
 WORKLOAD_KEYS = ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim", "dtype", "causal", "key_padding_mask",
@@ -258,12 +258,8 @@ def report(pred: ResultsFile, meas: ResultsFile, pairs: list, unmatched_pred: li
 
 def plot(pairs: list, path: str | Path, source: str) -> Path:
     """Predicted (x) against measured (y) bytes per run, log-log, with the y = x line."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     path = check_plot_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     series = {"L2-side bytes, read + write": ("global_read_bytes", "global_write_bytes", "tab:blue", "o"),
               "HBM (DRAM) bytes, read + write": ("hbm_read_bytes", "hbm_write_bytes", "tab:red", "s")}
     fig, ax = plt.subplots(figsize=(6.5, 6))

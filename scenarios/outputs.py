@@ -38,9 +38,18 @@ def check_plot_output(path: str, option: str) -> Path:
     return check_output_path(check_plot_path(path), option)
 
 
-def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Lay out, write and close a matplotlib figure; returns the path."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write (creating its folder) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hbmsim.algorithms import registry
 
-from .outputs import save_figure
+from .outputs import pyplot, save_figure
 
 
 def fmt_bytes(n: float) -> str:
@@ -116,14 +116,10 @@ def ratios(results: list[dict]) -> str:
 
 def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
     """Log-log HBM traffic, HBM footprint and predicted time against sequence length."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     path = Path(path)
     if not path.suffix:
         path = path.with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
     series = defaultdict(list)
     for r in results:
         series[r["algorithm"] if r["pass"] == "forward" else f"{r['algorithm']} {r['pass']}"].append(r)

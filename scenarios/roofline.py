@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hbmsim.simulator import GPU
 
-from .outputs import save_figure
+from .outputs import pyplot, save_figure
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,7 @@ def roofs(gpu: GPU) -> dict:
 
 
 def plot(results: list[dict], gpu: GPU, path: str | Path, title: str) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     pts = [p for p in kernel_points(results) if p.dram_bytes > 0]
     r = roofs(gpu)
     xs = [p.intensity for p in pts] or [1.0]

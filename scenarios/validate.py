@@ -26,7 +26,7 @@ from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
-from .outputs import save_figure
+from .outputs import pyplot, save_figure
 from .published import resolve_measured
 from .runner import estimated_wall_s, prepare, run_config
 
@@ -197,13 +197,8 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
 def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None) -> Path:
     """Predicted (x) against published (y) time, log-log, with y = x; one colour per
     implementation, one marker per GPU."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import matplotlib.ticker
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7.5, 7))
     colours = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
     markers = ("o", "s", "^", "D", "v", "P")
