@@ -35,12 +35,14 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
 
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                   warps: int = 1, tiles_per_step: int = 1) -> Program:
+                   warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
     `tiles_per_step` > 1 (fast mode, common.tiles_per_step): each simulated step loads and
-    computes that many K/V tiles at once; every count is the sum of the tiles' own."""
+    computes that many K/V tiles at once; every count is the sum of the tiles' own.
+    `registers_per_thread`: the compiled kernel's (0: not known), with `warps` x 32 threads a
+    block, for the time model's `registers` effect; it never changes a byte of traffic."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data)
     Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
@@ -121,13 +123,20 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
 
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),
-                    tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq))
+                    tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq), threads_per_block=32 * warps,
+                    registers_per_thread=registers_per_thread)
     return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
 
 
 # ---- the registered program ----------------------------------------------------------------------
 
 FA2_KERNEL, PAPER = "fa2-kernel", "paper"
+# Registers per thread of FlashAttention-2's forward and backward kernels as compiled: 255, the
+# most a thread may have (Nsight Compute launch__registers_per_thread on H100 for flash_fwd_kernel
+# at head dims 64 and 128 and flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel, the FA2 kernels that
+# PyTorch 2.11 vendors: scenarios/measured/h100-ncu-kernels.json). With 4 forward warps a block
+# takes 32,768 of an SM's 65,536 registers, with 8 backward warps all of them.
+FA2_KERNEL_REGISTERS_PER_THREAD = 255
 
 
 @dataclass(frozen=True)
@@ -247,12 +256,13 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv)) if fast else 1
+    regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
     if training:
         from .flash2_backward import flash2_training
         bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd)) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
-                               warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step))
-    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step)
+                               warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step), registers_per_thread=regs)
+    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:

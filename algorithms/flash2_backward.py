@@ -75,13 +75,15 @@ def bwd_sram_read_elements(n: int, nc: int, d: int, warps: int, atoms: tuple) ->
 
 
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                    bwd_blocks: tuple | None = None, warps: tuple = (1, 1), tiles_per_step: tuple = (1, 1)) -> Program:
+                    bwd_blocks: tuple | None = None, warps: tuple = (1, 1), tiles_per_step: tuple = (1, 1),
+                    registers_per_thread: int = 0) -> Program:
     """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
     when given (the FA2 kernel picks the backward's blocks separately), else the same blocks.
     `warps` (forward, backward) set the shared-memory reads the time model sees (with 1 warp
     every operand is read once); they never change a byte of traffic. `tiles_per_step`
-    (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers."""
-    fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0])
+    (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers.
+    `registers_per_thread`: the compiled kernels' (0: not known), for the `registers` effect."""
+    fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0], registers_per_thread)
     q_step = tiles_per_step[1]
     warps_bwd = warps[1]
     atoms = fa2_bwd_atoms(wl, warps_bwd)
@@ -170,7 +172,8 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
         Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward",
                period=q_period),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
-               pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk)),
+               pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk),
+               threads_per_block=32 * warps[1], registers_per_thread=registers_per_thread),
         Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
                pass_name="backward", period=q_period),
     ]

@@ -16,14 +16,16 @@ from pathlib import Path
 from .errors import HbmsimError
 
 # Fields that must be whole numbers (sizes and counts).
-INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm")
+INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm",
+              "registers_per_sm")
 # Fields that may be zero: no L2 modelled.
 # Fields that may be zero: no L2 modelled; a rate of the time model (time_model.py) the preset
 # does not give, which switches that effect off for this GPU.
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
-                  "mma_sync_fraction", "sfu_ops_per_clk_per_sm")
+                  "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial")
 # Fractions of a peak: at most 1.
-FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction")
+FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
+                   "mma_sync_operands_serial")
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,15 @@ class GPU:
     l2_bytes: int = 0                 # 0 = no L2 modelled
     l2_bytes_per_s: float = 0.0       # L2 hit bandwidth, whole GPU
     max_blocks_per_sm: int = 32       # resident thread blocks per SM (compute capability limit)
+    registers_per_sm: int = 0         # 32-bit registers of one SM's register file; 0 = not modelled
     # The time model's numbers (time_model.py); 0 = not given, the effect is off on this GPU.
     hbm_stream_fraction: float = 0.0      # of hbm_bytes_per_s, what a STREAM-like kernel reaches
     tensor_achievable_fraction: float = 0.0   # of matmul_flops_per_s, what the best measured GEMM reaches
     mma_sync_fraction: float = 0.0        # of matmul_flops_per_s, what the warp-level mma.sync reaches
     sfu_ops_per_clk_per_sm: float = 0.0   # special-function unit results (exp2) per clock per SM
+    # 1: an mma.sync kernel's shared-memory operand reads (ldmatrix) and its mma.sync run one after
+    # the other (measured on H100); 0: pipelined under the tensor cores
+    mma_sync_operands_serial: float = 0.0
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):

@@ -8,7 +8,8 @@
   resident on the SM take turns in issue order.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
   robin over the SMs, then each freed slot takes the next block, like the hardware scheduler.
-  Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block).
+  Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block, and with the `registers`
+  effect, registers per SM // registers per block).
 
 Every number in the result comes from counters that the program's own loads, stores and compute
 calls incremented.
@@ -29,17 +30,17 @@ from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
 from .simpy_adapter import Inline, events_scheduled
-from .time_model import TENSOR_OPS, SmRates, TimeModel, hbm_rate
+from .time_model import LIBRARY, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
 class LaunchState:
     """What one running launch's block slots share: the next block to hand out, how many slots
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "s_per_flop", "fold")
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold")
 
-    def __init__(self, env: simpy.Environment, running: int, s_per_flop: float = 0.0):
-        self.s_per_flop = s_per_flop     # tensor-core seconds per FLOP for this kernel's instruction
+    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY):
+        self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
         self.next_block = 0
         self.running = running
         self.done = env.event()          # the last slot has run out of blocks
@@ -96,7 +97,7 @@ class Machine:
             self.trace(self.env.now, ctx.sm, k.name, ctx.block,
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop ({exp_ops} exp), "
                        f"SRAM reads {sram_bytes} B")
-        work_s = self.rates.compute_s(ctx._launch.s_per_flop, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        work_s = self.rates.compute_s(ctx._launch.tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
         try:
             done_s = self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
             if self.recorder is not None:
@@ -119,11 +120,12 @@ class Machine:
 
     # ---- running a program ----------------------------------------------------------------
     def slots_per_sm(self, launch: Launch) -> int:
-        return self.slots_per_sm_of(self.gpu, launch)
+        return self.slots_per_sm_of(self.gpu, launch, self.model.registers)
 
     @staticmethod
-    def slots_per_sm_of(gpu: GPU, launch: Launch) -> int:
-        """Blocks of `launch` one SM holds at once; a block larger than SRAM is an error."""
+    def slots_per_sm_of(gpu: GPU, launch: Launch, registers: bool = True) -> int:
+        """Blocks of `launch` one SM holds at once; a block larger than SRAM (or, with
+        `registers`, than the register file) is an error."""
         if launch.tensor_op not in TENSOR_OPS:
             raise HbmsimError(f"kernel {launch.name}: tensor_op = {launch.tensor_op!r} must be one of "
                               f"{', '.join(TENSOR_OPS)}")
@@ -131,9 +133,17 @@ class Machine:
             raise HbmsimError(
                 f"kernel {launch.name}: a block needs {launch.sram_bytes} bytes of SRAM, "
                 f"more than sram_bytes_per_sm = {gpu.sram_bytes_per_sm} on {gpu.name}")
-        if launch.sram_bytes <= 0:
-            return gpu.max_blocks_per_sm
-        return min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // launch.sram_bytes)
+        slots = gpu.max_blocks_per_sm
+        if launch.sram_bytes > 0:
+            slots = min(slots, gpu.sram_bytes_per_sm // launch.sram_bytes)
+        regs = block_registers(launch)
+        if registers and regs > 0 and gpu.registers_per_sm > 0:
+            if regs > gpu.registers_per_sm:
+                raise HbmsimError(f"kernel {launch.name}: a block needs {regs} registers ({launch.threads_per_block} "
+                                  f"threads x {launch.registers_per_thread}), more than registers_per_sm = "
+                                  f"{gpu.registers_per_sm} on {gpu.name}")
+            slots = min(slots, gpu.registers_per_sm // regs)
+        return slots
 
     def _alloc(self, tensors) -> None:
         self.live_bytes += sum(t.nbytes for t in tensors)
@@ -155,7 +165,7 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = LaunchState(env, n_workers, self.rates.s_per_flop[launch.tensor_op])
+        state = LaunchState(env, n_workers, launch.tensor_op)
         unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
         if unit:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2)
@@ -286,6 +296,22 @@ def program_footprint_bytes(program: Program) -> int:
         peak = max(peak, live)
         live -= sum(t.nbytes for t in launch.frees)
     return peak
+
+
+# The register file is allocated per warp in units of 256 registers (CUDA Occupancy Calculator,
+# "Register allocation unit size" 256 and granularity "warp" for compute capability 8.x and 9.x).
+REGISTER_ALLOC_UNIT = 256
+WARP_THREADS = 32
+
+
+def block_registers(launch: Launch) -> int:
+    """Registers one resident block of `launch` takes: per warp, threads x registers rounded up to
+    the allocation unit; 0 when the launch does not say."""
+    if launch.threads_per_block <= 0 or launch.registers_per_thread <= 0:
+        return 0
+    warps = -(-launch.threads_per_block // WARP_THREADS)
+    per_warp = -(-WARP_THREADS * launch.registers_per_thread // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+    return warps * per_warp
 
 
 def check_program(gpu: GPU, program: Program) -> None:

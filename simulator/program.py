@@ -37,6 +37,11 @@ class Launch:
     # compute), only on another batch-head: what lets the machine fold a steady launch (fold.py);
     # 0: not declared, never folded
     period: int = 0
+    # the compiled kernel's threads per block and registers per thread (ptxas, or Nsight Compute's
+    # launch__registers_per_thread): with the `registers` effect they cap the blocks an SM holds;
+    # 0: not known, only shared memory and max_blocks_per_sm limit them
+    threads_per_block: int = 0
+    registers_per_thread: int = 0
 
 
 @dataclass

@@ -29,6 +29,18 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   blocks resident on an SM is not assumed: the FlashAttention-3 paper (section 3.1) needed an
   explicit ping-pong schedule between warpgroups to make one warpgroup's softmax run under the
   other's GEMMs.
+- mma_operands: on a GPU whose preset says so (`mma_sync_operands_serial`, measured on H100), an
+  mma.sync kernel's shared-memory operand reads (ldmatrix) and its mma.sync instructions add up
+  instead of the reads hiding under the tensor cores. Nsight Compute on H100 found the tensor pipe
+  and the shared-memory pipe busy for 105-113% of FlashAttention-2's kernel time together
+  (scenarios/measured/h100-ncu-kernels.json): they hardly overlap. Library GEMMs (wgmma reads its
+  operands from shared memory itself) keep the overlap. Not measured on A100, where it stays off.
+- registers: an SM holds only as many blocks as its register file (`registers_per_sm`) has room
+  for, given the compiled kernel's threads per block and registers per thread
+  (Launch.registers_per_thread); FlashAttention-2's kernels use 255 registers a thread, so an
+  H100 or A100 SM holds 2 forward blocks (4 warps each) and 1 backward block (8 warps), fewer
+  than shared memory alone allows. Fewer resident blocks leave less of one block's softmax to
+  run under another's GEMMs (machine.py: slots per SM).
 
 With every effect off, the model is the old one: DRAM at the spec sheet's rate and a compute
 call as long as the slowest of its tensor-core, vector and SRAM times at the SM's peak rates.
@@ -55,6 +67,8 @@ class TimeModel:
     sfu_exp: bool = True
     fp32_ops: bool = True
     serial_softmax: bool = True
+    registers: bool = True
+    mma_operands: bool = True
 
     @staticmethod
     def effects() -> tuple:
@@ -84,7 +98,7 @@ def hbm_rate(gpu, model: TimeModel) -> float:
 class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
-    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "_known")
+    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "_known")
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
     def __init__(self, gpu, model: TimeModel):
@@ -102,12 +116,15 @@ class SmRates:
         self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
         self.s_per_sram_byte = 1.0 / gpu.sram_bytes_per_s_per_sm
         self.serial = model.serial_softmax
+        self.operands_add = (model.mma_operands and model.mma_sync and gpu.mma_sync_fraction > 0
+                             and gpu.mma_sync_operands_serial > 0)
         self._known: dict = {}    # compute_s's arguments -> its result
 
-    def compute_s(self, s_per_flop: float, matmul_flops: int, vector_flops: int, exp_ops: int,
+    def compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
                   sram_bytes: int) -> float:
-        """How long one compute call keeps its SM busy (remembered: the same call, the same time)."""
-        args = (s_per_flop, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        """How long one compute call of a kernel whose tensor cores run `tensor_op` keeps its SM
+        busy (remembered: the same call, the same time)."""
+        args = (tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
         work_s = self._known.get(args)
         if work_s is None:
             if len(self._known) >= self.KNOWN_MAX:
@@ -115,9 +132,13 @@ class SmRates:
             work_s = self._known[args] = self._compute_s(*args)
         return work_s
 
-    def _compute_s(self, s_per_flop: float, matmul_flops: int, vector_flops: int, exp_ops: int,
+    def _compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
                    sram_bytes: int) -> float:
-        tensor_s = max(matmul_flops * s_per_flop, sram_bytes * self.s_per_sram_byte)   # ldmatrix pipelined under mma
+        mma_s, sram_s = matmul_flops * self.s_per_flop[tensor_op], sram_bytes * self.s_per_sram_byte
+        if self.operands_add and tensor_op == MMA_SYNC:
+            tensor_s = mma_s + sram_s       # mma_operands: ldmatrix and mma.sync, one after the other
+        else:
+            tensor_s = max(mma_s, sram_s)   # operand reads pipelined under the tensor cores
         if self.s_per_exp:
             vector_s = max(max(vector_flops - exp_ops, 0) * self.s_per_vec_op, exp_ops * self.s_per_exp)
         else:

@@ -109,11 +109,13 @@ def test_presets_give_every_number_with_a_source(a100, h100):
         for name in ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
                      "sfu_ops_per_clk_per_sm"):
             assert len(gpu.source[name]) > 80, (gpu.name, name)
-            assert getattr(gpu, name) > 0 or (gpu is h100 and name == "tensor_achievable_fraction")
+            assert getattr(gpu, name) > 0
         assert gpu.sfu_ops_per_clk_per_sm == 16                   # CUDA guide, cc 8.0 and 9.0
-    assert a100.mma_sync_fraction == 1.0 and h100.mma_sync_fraction == pytest.approx(2 / 3, abs=1e-4)
+    # H100: measured here (scenarios/measured/h100-microbench.json, tests/test_measured_h100.py), about
+    # the FlashAttention-3 paper's 2/3
+    assert a100.mma_sync_fraction == 1.0 and h100.mma_sync_fraction == pytest.approx(2 / 3, abs=5e-3)
     assert a100.tensor_achievable_fraction == pytest.approx(286.9 / 312, abs=1e-4)     # LLMCompass cuBLAS
-    assert h100.tensor_achievable_fraction == 0                                       # no source: off
+    assert h100.tensor_achievable_fraction == pytest.approx(715.0 / 989.4, abs=1e-4)  # cuBLAS measured here
     assert a100.hbm_stream_fraction == pytest.approx(1360 / 1555, abs=1e-4)
     assert h100.hbm_stream_fraction == pytest.approx(2.97 / 3.35, abs=1e-4)
 
@@ -205,3 +207,56 @@ def test_a_compute_chain_is_its_phases_back_to_back_in_one_event():
     assert a.time_s == pytest.approx(8.8e-6, rel=1e-12) and b.time_s == pytest.approx(a.time_s, rel=1e-12)
     assert (a.kernels[0].matmul_flops, a.kernels[0].vector_flops, a.kernels[0].exp_ops) == (4_000_000, 150_000, 10_000)
     assert a.sim_events < b.sim_events
+
+
+def test_registers_cap_the_blocks_an_sm_holds():
+    from hbmsim.simulator.machine import Machine, block_registers
+    gpu = tiny_gpu(registers_per_sm=65_536, sram_bytes_per_sm=1 << 20)
+
+    def launch(threads, regs, sram=0):
+        return Launch("k", 8, sram, lambda ctx, _: iter(()), threads_per_block=threads, registers_per_thread=regs)
+    # 255 registers round up to 256 a thread: 8,192 a warp (allocation unit 256 per warp)
+    assert block_registers(launch(128, 255)) == 4 * 8192
+    assert block_registers(launch(96, 40)) == 3 * 1280          # 40 x 32 = 1,280, already a multiple of 256
+    assert block_registers(launch(100, 33)) == 4 * 1280         # 4 warps; 33 x 32 = 1,056 -> 1,280
+    # FlashAttention-2's forward (4 warps x 255): 2 blocks; its backward (8 warps): 1; off: max_blocks_per_sm
+    assert Machine.slots_per_sm_of(gpu, launch(128, 255)) == 2
+    assert Machine.slots_per_sm_of(gpu, launch(256, 255)) == 1
+    assert Machine.slots_per_sm_of(gpu, launch(256, 255), registers=False) == 8
+    # shared memory still limits when it is the tighter bound; unknown registers limit nothing
+    assert Machine.slots_per_sm_of(gpu, launch(128, 255, sram=600_000)) == 1
+    assert Machine.slots_per_sm_of(gpu, launch(0, 0)) == 8
+    assert Machine.slots_per_sm_of(tiny_gpu(), launch(256, 255)) == 8      # preset without a register file size
+    with pytest.raises(HbmsimError, match=r"kernel k: a block needs 131072 registers \(512 threads x 255\), "
+                                          r"more than registers_per_sm = 65536 on tiny"):
+        Machine.slots_per_sm_of(gpu, launch(512, 255))
+
+
+def test_registers_reach_the_results_of_the_fa2_kernels(h100):
+    from hbmsim.algorithms.workload import Workload
+    from hbmsim.scenarios.experiment import Config, RunSpec
+    from hbmsim.scenarios.runner import resolve_mapping, run_config
+    wl = Workload(1, 2, 512, 512, 128, dtype="fp16")
+    cfg = Config(h100, wl, RunSpec("flash2", ("forward", "backward"), {}))
+    cfg = dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+    blocks = {k["name"]: k["blocks_per_sm"] for r in run_config(cfg, count_only=True) for k in r["kernels"]}
+    # forward 128 x 64 tiles: 64 KB of shared memory allows 3 blocks, 4 warps x 255 registers allow 2;
+    # backward: 8 warps x 255 registers fill the register file
+    assert blocks["flash2_fwd"] == 2 and blocks["flash2_bwd"] == 1
+    off = {k["name"]: k["blocks_per_sm"] for r in run_config(cfg, count_only=True, model=ALL.off("registers"))
+           for k in r["kernels"]}
+    assert off["flash2_fwd"] == 3 and off["flash2_bwd"] == 2
+
+
+def test_mma_sync_operands_from_shared_memory_add_to_the_mma():
+    gpu = tiny_gpu(mma_sync_fraction=0.5, mma_sync_operands_serial=1)
+    # 1e6 FLOPs of mma.sync at 0.5 x 1e12 per SM = 2 us; 4e5 B of ldmatrix at 1e11 B/s = 4 us: 6 us
+    work = dict(matmul_flops=1_000_000, sram_bytes=400_000)
+    assert time_of(gpu, ALL, MMA_SYNC, **work) == pytest.approx(6e-6, rel=1e-12)
+    # off, or a library GEMM (wgmma / cuBLAS read their operands while the tensor cores run): the larger, 4 us
+    assert time_of(gpu, ALL.off("mma_operands"), MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
+    assert time_of(gpu, ALL, "library", **work) == pytest.approx(4e-6, rel=1e-12)
+    # a GPU whose preset does not say so (A100), or gives no mma.sync rate, or the mma_sync effect off
+    assert time_of(tiny_gpu(mma_sync_fraction=0.5), ALL, MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
+    assert time_of(tiny_gpu(mma_sync_operands_serial=1), ALL, MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
+    assert time_of(gpu, ALL.off("mma_sync"), MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)

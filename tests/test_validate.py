@@ -109,7 +109,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     doc = json.loads(out_json.read_text())
     assert doc["time_model"] == "all effects on"
     labels = [f"without {e}" for e in ("stream_dram", "achievable_tensor", "mma_sync", "sfu_exp", "fp32_ops",
-                                       "serial_softmax")]
+                                       "serial_softmax", "registers", "mma_operands")]
     for p in doc["points"]:
         abl = p["ablation_time_s"]
         assert list(abl) == labels + ["all off"]
@@ -121,7 +121,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     errs = [(p["ablation_time_s"]["all off"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
     ablation = text[text.index("ablation: signed median"):]          # the ablation table, after the report
     row = next(line for line in ablation.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
-    assert len(row.split()) == 3 + 1 + 6 + 1           # family, the model, each effect off, all off
+    assert len(row.split()) == 3 + 1 + 8 + 1           # family, the model, each effect off, all off
     assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
 
 

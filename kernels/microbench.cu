@@ -1,0 +1,62 @@
+// Microbenchmarks for the hardware presets' achievable rates (kernels/microbench.py runs them).
+//
+// Each kernel runs one wave (every block resident at once), times itself with clock64() so that
+// cycles / CUDA-event seconds gives the SM clock the unit really ran at, and writes a result
+// nothing else reads, so that the compiler keeps the work.
+//
+// - mma_sync_loop: the tensor-core instruction FlashAttention-1/2 issue on sm80 and sm90,
+//   mma.sync.aligned.m16n8k16 (fp16 inputs, fp32 accumulate): 2 * 16 * 8 * 16 = 4096 FLOPs per
+//   warp instruction. CHAINS independent accumulators per warp hide the instruction's latency.
+// - ex2_loop: the special-function unit's exp2 (ex2.approx.ftz.f32, what exp2f compiles to
+//   with --use_fast_math, as FlashAttention's softmax uses it): one result per thread per call.
+
+#define CHAINS 8
+
+extern "C" __global__ void mma_sync_loop(float* out, long long* cycles, int iters) {
+    // fp16 pairs in [0.5, 1): exponent 0x3800 with a mantissa from the thread index, so the
+    // tensor cores see varied data (as in attention), and the accumulators stay finite.
+    unsigned t = threadIdx.x * 2654435761u + blockIdx.x;
+    unsigned h0 = 0x3800u | (t & 0x3ffu), h1 = 0x3800u | ((t >> 10) & 0x3ffu);
+    unsigned a0 = h0 | (h1 << 16), a1 = h1 | (h0 << 16), a2 = a0 ^ 0x00010001u, a3 = a1 ^ 0x00020002u;
+    unsigned b0 = a2, b1 = a3;
+    float acc[CHAINS][4];
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f; }
+    long long t0 = clock64();
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < CHAINS; ++j) {
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};\n"
+                : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+    }
+    long long t1 = clock64();
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3]; }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+    if (threadIdx.x == 0) { cycles[blockIdx.x] = t1 - t0; }
+}
+
+extern "C" __global__ void ex2_loop(float* out, long long* cycles, int iters) {
+    float x[CHAINS];
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { x[j] = -0.001f * (threadIdx.x + 1) - 0.01f * j; }
+    long long t0 = clock64();
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < CHAINS; ++j) {
+            // x = 2^(-|x|): stays in (0, 1]; ptxas folds the -|.| into the MUFU operand.
+            asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(x[j]) : "f"(-fabsf(x[j])));
+        }
+    }
+    long long t1 = clock64();
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { s += x[j]; }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+    if (threadIdx.x == 0) { cycles[blockIdx.x] = t1 - t0; }
+}

@@ -1,0 +1,140 @@
+"""Microbenchmarks on this machine's GPU, for the hardware presets' achievable rates.
+
+`hbmsim microbench --out FILE` measures, each as the median of `repeats` timed runs after a
+warm-up, with CUDA events:
+
+- the mma.sync tensor-core rate (the instruction FlashAttention-1/2 issue; FLOPs per second and
+  per SM per clock), and the SM clock it ran at (clock64 cycles / event seconds);
+- the special-function unit's exp2 rate (results per SM per clock), and its clock;
+- DRAM bandwidth: a device-to-device copy (bytes read + written) and a STREAM triad
+  a = b + s * c (two reads, one write), on arrays far larger than the L2.
+
+Every figure is labelled "measured" with the GPU, driver, clocks and command in the file's
+provenance. The presets cite such a file by name; nothing here is fitted to a published time.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from .config import KERNEL_DIR
+
+MICROBENCH_SOURCE = KERNEL_DIR / "microbench.cu"
+MMA_FLOPS_PER_WARP_INSTR = 2 * 16 * 8 * 16     # m16n8k16: M*N*K multiply-adds, 2 FLOPs each
+CHAINS = 8                                       # independent instructions per loop trip (microbench.cu)
+THREADS = 256
+
+
+def _module():
+    from .gpu import cupy_module
+    cp = cupy_module()
+    return cp, cp.RawModule(code=MICROBENCH_SOURCE.read_text(), options=("-std=c++17",))
+
+
+def _timed(cp, launch, warmup: int, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` runs of launch(), after `warmup` untimed ones."""
+    for _ in range(warmup):
+        launch()
+    cp.cuda.Device().synchronize()
+    start, end, out = cp.cuda.Event(), cp.cuda.Event(), []
+    for _ in range(repeats):
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        out.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)     # ms -> s
+    return out
+
+
+WARM_S = 1.0          # load before timing, so that the clocks have left idle (345 MHz on an idle H100)
+
+
+def _loop_kernel(cp, fn, sms: int, blocks_per_sm: int, iters: int, warmup: int, repeats: int) -> dict:
+    """One wave of fn(out, cycles, iters): seconds, and the SM clock from clock64 deltas."""
+    import time
+    from .library import ClockSampler
+    blocks = sms * blocks_per_sm
+    out = cp.empty(blocks * THREADS, dtype=cp.float32)
+    cycles = cp.zeros(blocks, dtype=cp.int64)
+    launch = lambda: fn((blocks,), (THREADS,), (out, cycles, np.int32(iters)))
+    t_end = time.monotonic() + WARM_S
+    while time.monotonic() < t_end:
+        launch()
+        cp.cuda.Device().synchronize()
+    clocks = ClockSampler(0.005)
+    t0 = time.monotonic()
+    times_s = _timed(cp, launch, warmup, repeats)
+    nvml = clocks.window(t0)
+    clocks.stop()
+    t_s = statistics.median(times_s)
+    cyc = float(np.median(cp.asnumpy(cycles)))          # the last run's per-block cycles
+    return {"blocks": blocks, "blocks_per_sm": blocks_per_sm, "threads_per_block": THREADS, "iters": iters,
+            "time_s": t_s, "times_s": times_s, "block_cycles_median": cyc,
+            # a block runs for (almost) the whole kernel in a single wave: cycles / seconds = clock
+            "sm_clock_hz": cyc / t_s, "nvml_sm_clock_mhz": nvml}
+
+
+def measure(warmup: int = 3, repeats: int = 10) -> dict:
+    from .gpu import cupy_module
+    cp = cupy_module()
+    cp, mod = _module()
+    dev = cp.cuda.Device()
+    sms = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
+    res: dict = {}
+
+    # mma.sync: warps * iters * CHAINS instructions, MMA_FLOPS_PER_WARP_INSTR FLOPs each;
+    # 8, 16 and 32 warps per SM (1, 2, 4 blocks of 256 threads)
+    for bps in (1, 2, 4):
+        r = _loop_kernel(cp, mod.get_function("mma_sync_loop"), sms, bps, 32768, warmup, repeats)
+        flops = r["blocks"] * (THREADS // 32) * r["iters"] * CHAINS * MMA_FLOPS_PER_WARP_INSTR
+        r.update(flops=flops, flops_per_s=flops / r["time_s"],
+                 flops_per_clk_per_sm=flops / (r["time_s"] * r["sm_clock_hz"] * sms))
+        res[f"mma_sync_m16n8k16_f16_f32_{bps * THREADS // 32}warps"] = r
+
+    # exp2 on the SFU: threads * iters * CHAINS results; 16 and 32 warps per SM
+    for bps in (2, 4):
+        r = _loop_kernel(cp, mod.get_function("ex2_loop"), sms, bps, 16384, warmup, repeats)
+        n = r["blocks"] * THREADS * r["iters"] * CHAINS
+        r.update(results=n, results_per_s=n / r["time_s"],
+                 results_per_clk_per_sm=n / (r["time_s"] * r["sm_clock_hz"] * sms))
+        res[f"ex2_approx_f32_{bps * THREADS // 32}warps"] = r
+
+    # DRAM: 2 GiB arrays (40x H100's L2), copy = read + write, triad = 2 reads + 1 write
+    n = 2 ** 31 // 4
+    a, b, c = (cp.ones(n, dtype=cp.float32) for _ in range(3))
+    times = _timed(cp, lambda: cp.copyto(a, b), warmup, repeats)
+    t_s = statistics.median(times)
+    res["dram_copy"] = {"bytes": 2 * 4 * n, "time_s": t_s, "times_s": times, "bytes_per_s": 2 * 4 * n / t_s}
+    triad = cp.ElementwiseKernel("float32 b, float32 c, float32 s", "float32 a", "a = b + s * c", "hbmsim_triad")
+    s = np.float32(3.0)
+    times = _timed(cp, lambda: triad(b, c, s, a), warmup, repeats)
+    t_s = statistics.median(times)
+    res["dram_triad"] = {"bytes": 3 * 4 * n, "time_s": t_s, "times_s": times, "bytes_per_s": 3 * 4 * n / t_s}
+    return res
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    from .profile import gpu_provenance
+    p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.microbench")
+    p.add_argument("--out", required=True)
+    p.add_argument("--repeats", type=int, default=10)
+    a = p.parse_args(argv)
+    command = ["python", "-m", "hbmsim.kernels.microbench", "--out", a.out, "--repeats", str(a.repeats)]
+    prov = gpu_provenance(command, 3, a.repeats, None)
+    prov["timing"] = {"method": "CUDA events around each launch; clock64 cycles per block", "warmup": 3,
+                      "repeats": a.repeats, "statistic": "median"}
+    doc = {"source": "measured", "what": "microbenchmarks (kernels/microbench.cu, kernels/microbench.py)",
+           "provenance": prov, "results": measure(repeats=a.repeats)}
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    for k, v in doc["results"].items():
+        print(k, {x: y for x, y in v.items() if x != "times_s"}, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

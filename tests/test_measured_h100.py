@@ -1,0 +1,125 @@
+"""The measurements taken on a lent H100 (scenarios/measured/h100-*.json) and the tools that took
+them (kernels/library.py, kernels/microbench.py): the files are consistent with themselves and
+with the constants the presets and programs take from them, and the tools' pure parts work
+without a GPU. The GPU parts run under `pytest -m gpu`.
+"""
+import json
+import math
+
+import pytest
+
+from hbmsim.algorithms.flash2 import FA2_KERNEL_REGISTERS_PER_THREAD
+from hbmsim.kernels import library
+from hbmsim.kernels.microbench import MMA_FLOPS_PER_WARP_INSTR
+from hbmsim.scenarios.published import MEASURED_DIR
+from hbmsim.scenarios.validate import configs_of
+
+TORCH = MEASURED_DIR / "h100-torch-fwd-bwd.json"
+NCU = MEASURED_DIR / "h100-ncu-kernels.json"
+MICRO = MEASURED_DIR / "h100-microbench.json"
+
+
+def _load(path):
+    return json.loads(path.read_text())
+
+
+def test_the_torch_measurements_cover_the_fa2_paper_grid_pass_by_pass():
+    doc = _load(TORCH)
+    assert doc["source"] == "measured" and doc["provenance"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    runs = doc["runs"]
+    # 2 implementations x 2 head dims x 2 masks x 6 sequence lengths x 3 passes, nothing skipped
+    assert len(runs) == 2 * 2 * 2 * 6 * 3 and doc["skipped"] == []
+    by = {(r["implementation"], r["workload"]["head_dim"], r["workload"]["seq_len"], r["workload"]["causal"],
+           r["pass"]): r for r in runs}
+    for (impl, d, n, causal, p), r in by.items():
+        wl = r["workload"]
+        assert r["source"] == "measured" and r["hardware"] == "h100-sxm5-80gb"
+        # the paper's set-up: 16k tokens, hidden 2048
+        assert wl["batch"] * n == 16384 and wl["heads"] * d == 2048
+        if p == "forward+backward":       # the sum of the two passes, as benchmark_fwd_bwd reports it
+            f, b = by[(impl, d, n, causal, "forward")], by[(impl, d, n, causal, "backward")]
+            assert r["time_s"] == f["time_s"] + b["time_s"]
+        else:                             # mean of the 30 timed runs, and the kernels that ran
+            assert r["time_s"] == pytest.approx(sum(r["times_s"]) / len(r["times_s"]), rel=1e-12)
+            assert len(r["times_s"]) == 30 and r["kernels"]
+        flops = library.paper_flops(wl["batch"], wl["heads"], n, d, causal, p)
+        assert r["tflops_per_s"] == pytest.approx(flops / r["time_s"] / 1e12, rel=1e-12)
+
+
+def test_validate_reads_the_torch_measurements():
+    doc = _load(TORCH)
+    cfgs = configs_of(str(TORCH), doc["runs"], only="fa2", max_seq_len=1024)
+    assert len(cfgs) == 2 * 2 * 2 * 3           # head dims x masks x N in (512, 1024) x passes
+    cfg, run = cfgs[0]
+    assert cfg.gpu.name == "h100-sxm5-80gb" and cfg.run.algorithm == "flash2"
+
+
+def test_fa2_register_count_is_the_measured_one():
+    fa2 = [k for r in _load(NCU)["runs"] for k in r["kernels"]
+           if "flash_fwd_kernel" in k["name"] or "flash_bwd_dq_dk_dv" in k["name"]]
+    assert len(fa2) == 4            # forward and backward at head dims 64 and 128
+    assert {k["launch__registers_per_thread"] for k in fa2} == {FA2_KERNEL_REGISTERS_PER_THREAD}
+    # and the occupancy ncu reports is the one the registers effect computes: 2 forward blocks, 1 backward
+    assert sorted(k["launch__occupancy_limit_registers"] for k in fa2) == [1, 1, 2, 2]
+
+
+def test_h100_preset_rates_are_the_microbenchmarks():
+    from hbmsim.scenarios.experiment import resolve_hardware
+    gpu = resolve_hardware("h100-sxm5-80gb")
+    res = _load(MICRO)["results"]
+    mma = [v["flops_per_s"] for k, v in res.items() if k.startswith("mma_sync")]
+    assert gpu.mma_sync_fraction == pytest.approx(max(mma) / gpu.matmul_flops_per_s, abs=5e-4)
+    gemm = max(g["flops_per_s"] for g in _load(TORCH)["provenance"]["gemm"])
+    assert gpu.tensor_achievable_fraction == pytest.approx(gemm / gpu.matmul_flops_per_s, abs=5e-4)
+    # and the microbenchmark's own arithmetic: FLOPs = warps x iterations x chains x 4096
+    r = res["mma_sync_m16n8k16_f16_f32_8warps"]
+    assert r["flops"] == r["blocks"] * 8 * r["iters"] * 8 * MMA_FLOPS_PER_WARP_INSTR
+    assert r["flops_per_s"] == pytest.approx(r["flops"] / r["time_s"], rel=1e-12)
+
+
+def test_paper_flops_and_presets():
+    # forward 4 N^2 d H B: N = 4096, d = 128, 16 heads, batch 4; causal halves; backward 2.5x
+    assert library.paper_flops(4, 16, 4096, 128, False, "forward") == 4 * 4096 ** 2 * 128 * 16 * 4
+    assert library.paper_flops(4, 16, 4096, 128, True, "backward") == 2.5 * 2 * 4096 ** 2 * 128 * 16 * 4
+    assert library._preset("NVIDIA H100 80GB HBM3", 132) == "h100-sxm5-80gb"
+    assert library._preset("NVIDIA H100 PCIe", 114) is None
+
+
+NCU_RAW = '''"ID","Process ID","Kernel Name","device__attribute_multiprocessor_count","gpu__time_duration.sum","sm__cycles_elapsed.avg.per_second","l1tex__data_pipe_lsu_wavefronts_mem_shared.sum","launch__registers_per_thread"
+"","","","","nsecond","hz","",""
+"0","1","k<1>","2","1,000","1,000,000,000","1,500","255"
+'''
+
+
+def test_ncu_summary_of_a_raw_page():
+    (k,) = library.summarise_ncu_raw(NCU_RAW)
+    assert k["name"] == "k<1>" and k["launch__registers_per_thread"] == 255
+    # 1,500 wavefronts over 2 SMs in 1,000 ns at 1 GHz (1,000 cycles): 75% busy
+    assert k["shared_pipe_busy_pct"] == pytest.approx(75.0, rel=1e-12)
+    assert library.summarise_ncu_raw("no table here") == []
+
+
+@pytest.mark.gpu
+def test_microbench_on_gpu(tmp_path):
+    from hbmsim.kernels.gpu import gpu_available
+    from hbmsim.kernels.microbench import main
+    ok, why = gpu_available()
+    if not ok:
+        pytest.skip(why)
+    out = tmp_path / "mb.json"
+    assert main(["--out", str(out), "--repeats", "3"]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in res.values())
+
+
+@pytest.mark.gpu
+def test_library_grid_on_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device for torch")
+    out = tmp_path / "t.json"
+    assert library.main(["--out", str(out), "--head-dim", "64", "--causal", "true", "--max-seq-len", "512",
+                         "--repeats", "3"]) == 0
+    doc = json.loads(out.read_text())
+    assert {r["pass"] for r in doc["runs"]} == {"forward", "backward", "forward+backward"}
+    assert all(r["time_s"] > 0 for r in doc["runs"])
