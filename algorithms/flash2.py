@@ -261,7 +261,8 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         from .flash2_backward import flash2_training
         bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd)) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
-                               warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step), registers_per_thread=regs)
+                               warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
+                               registers_per_thread=regs)
     return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs)
 
 

@@ -84,7 +84,10 @@ def pytorch_bench_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) 
         _add(io, "dP_drop", read=nn * e)
         _add(io, "dropout_mask", read=nn * MASK)
         _add(io, "dP", write=nn * e)
-    _add(io, "dP", read=nn * e)                                 # softmax backward
+    _add(io, "dP", read=nn * e)                                 # softmax backward, first tmp = dP * P
+    _add(io, "P", read=nn * e)
+    _add(io, "dP_P", write=nn * e)
+    _add(io, "dP_P", read=nn * e)                               # then dS = tmp - P * rowsum(tmp)
     _add(io, "P", read=nn * e)
     _add(io, "dS", write=nn * e)                                # (causal add: pass-through, no kernel)
     if wl.key_padding_mask:                                     # masked_fill backward, in place

@@ -7,7 +7,8 @@ keeping what autograd saves, then pass "backward"), built from standard.py's hel
   (spec 3.1): rearrange copies of q and k (K^T materialised), baddbmm with alpha = scale into a
   fresh S (the preallocated buffer is never read: beta = 0), the causal mask built as
   full(-1e4, fp32) -> triu -> .to(dtype) and ADDED (out of place, a new S_masked), softmax,
-  dropout, the einsum's copy of v, bmm. Backward: bmm grads, dropout and softmax backward,
+  dropout, the einsum's copy of v, bmm. Backward: bmm grads, dropout and softmax backward (torch's
+  `tmp = grad * output` kernel, then the row kernel),
   baddbmm grads with the extra elementwise x alpha kernels, and the unbind backward's stack
   into qkv.grad (modelled as its three slices dQ, dK, dV). The benchmark has no key padding;
   a workload that asks for it gets standard.py's masked_fill with the key_padding_mask row
@@ -45,13 +46,40 @@ from .workload import AttentionData, Workload, allowed
 
 F32 = "fp32"
 
+# PyTorch's softmax forward as compiled issues far more instructions than softmax's five operations
+# per element: index arithmetic, warp shuffles and block-wide max and sum reductions per row. Nsight
+# Compute on H100 (torch 2.11.0+cu130, scenarios/measured/h100-ncu-kernels.json and the same file's
+# runs at N = 1024 and 8192) counted smsp__inst_executed per element (x 32 lanes = the lane operations
+# the time model issues at one per lane-clock, the fp32_ops rate):
+#  - rows of at most 1024 elements whose bytes fit 4 KB (SoftMax.cu dispatches softmax_warp_forward,
+#    a warp per row): 1.23 warp instructions per element at N = 1024 -> 39.4 lane operations;
+#  - longer rows (cunn_SoftMaxForward, a block per row): 2.48 at N = 4096, 2.42 at 8192 -> 79.5.
+# Its issue slots were 77-82% busy and DRAM at 38% of peak: the kernel is issue-bound, not memory-bound.
+TORCH_SOFTMAX_WARP_LANE_OPS = 39.4
+TORCH_SOFTMAX_BLOCK_LANE_OPS = 79.5
+# The same count for PyTorch's copies of permuted (non-contiguous) tensors, which run
+# elementwise_kernel with an offset calculator (a division and a multiply-add per dimension per
+# element): 69.7e6 warp instructions for the 33.5e6 elements of q's rearrange -> 66.6 lane operations
+# per element (issue slots 78% busy); the unbind backward's CatArrayBatchedCopy into qkv.grad:
+# 268.7e6 for 100.7e6 elements -> 85.4 (70% busy). Same source as above, N = 4096, head dim 64.
+TORCH_STRIDED_COPY_LANE_OPS = 66.6
+TORCH_CAT_COPY_LANE_OPS = 85.4
+
+
+def torch_softmax_lane_ops(wl: Workload) -> float:
+    """Lane operations per element of torch.softmax's forward kernel over rows of seq_len_kv."""
+    nk = wl.seq_len_kv
+    return TORCH_SOFTMAX_WARP_LANE_OPS if nk <= 1024 and nk * wl.itemsize <= 4096 else TORCH_SOFTMAX_BLOCK_LANE_OPS
+
 
 # ---- generic kernels ---------------------------------------------------------------------------
 
-def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forward", allocs=(), frees=()) -> Launch:
+def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forward", allocs=(), frees=(),
+                lane_ops: float = 1) -> Launch:
     """One elementwise kernel over (G, R, C) tensors: for each (src, dst, transpose, factor) it reads
     src in row panels of min(tile_rows, R) full rows and writes factor * src (transposed into a
-    (G, C, R) dst when asked). A dtype change is only the dst's itemsize."""
+    (G, C, R) dst when asked). A dtype change is only the dst's itemsize. `lane_ops`: the vector
+    operations the kernel issues per element (1; a strided PyTorch copy: TORCH_STRIDED_COPY_LANE_OPS)."""
     jobs = []
     for src, dst, transpose, factor in pairs:
         g_count, r, _ = src.shape
@@ -64,7 +92,7 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
         src, dst, transpose, factor, g, rows = jobs[index]
         cols = slice(0, src.shape[2])
         x = yield from ctx.load(src[g], rows, cols)
-        yield from ctx.compute(vector_flops=(rows.stop - rows.start) * src.shape[2])
+        yield from ctx.compute(vector_flops=round(lane_ops * (rows.stop - rows.start) * src.shape[2]))
         if x is not None and factor is not None:
             x = factor * x
         if transpose:
@@ -77,7 +105,8 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
 def panel_launch(name: str, wl: Workload, panel, reads: list, writes: list, fn, flops: int,
                  pass_name: str = "forward", allocs=(), frees=(), exps: int = 0) -> Launch:
     """An elementwise / row-wise kernel over N x N matrices in standard.py's row panels; `flops`
-    vector operations per element, `exps` of them exps (softmax: 1).
+    vector operations per element (a measured instruction count may be fractional), `exps` of them
+    exps (softmax: 1).
     reads: (tensor, group_of(g), column chunks); writes: (tensor, column chunks).
     fn(g, rows, [read panels]) -> [write panels] (numeric mode only)."""
     nk = wl.seq_len_kv
@@ -90,7 +119,7 @@ def panel_launch(name: str, wl: Workload, panel, reads: list, writes: list, fn, 
             spans.append(len(chunks))
         got = yield from ctx.load_tiles(*tiles)
         elements = (rows.stop - rows.start) * nk
-        yield from ctx.compute(vector_flops=flops * elements, exp_ops=exps * elements)
+        yield from ctx.compute(vector_flops=round(flops * elements), exp_ops=exps * elements)
         vals = [None] * len(writes)
         if got[0] is not None:
             arrays, i = [], 0
@@ -173,8 +202,8 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
     S = output(wl, "S", nq, nk, wl.dtype, data)
     P = output(wl, "P", nq, nk, wl.dtype, data)
     O = output(wl, "O", nq, d, wl.dtype, data)
-    L = [copy_launch("rearrange_q", [(Q, Qr, False, None)], tr, allocs=(Qr,)),
-         copy_launch("rearrange_k", [(K, KT, True, None)], tr, allocs=(KT,)),
+    L = [copy_launch("rearrange_q", [(Q, Qr, False, None)], tr, allocs=(Qr,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS),
+         copy_launch("rearrange_k", [(K, KT, True, None)], tr, allocs=(KT,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS),
          gemm_launch("baddbmm", Qr, KT, S, False, gemm_tile, scale=wl.softmax_scale, allocs=(S,))]
     cur = S
     if wl.causal:
@@ -202,9 +231,10 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
             yield from mask_panel(ctx, wl, data, T, g, rows, sc, None, KPM, -np.inf)
         L.append(Launch("mask_padding", g_count * panel.count, 0, pad_block))
     L.append(panel_launch("softmax", wl, panel, [(cur, _same, sc)], [(P, pc)], lambda g, r, a: [_softmax(a[0])],
-                          SOFTMAX_VECTOR_FLOPS, allocs=(P,), exps=1, frees=(cur,)))
+                          torch_softmax_lane_ops(wl), allocs=(P,), exps=1, frees=(cur,)))
     P_used, DM = _dropout_fwd(wl, data, panel, L, P, wl.dtype)
-    L.append(copy_launch("einsum_copy_v", [(V, Vr, False, None)], tr, allocs=(Vr,)))
+    L.append(copy_launch("einsum_copy_v", [(V, Vr, False, None)], tr, allocs=(Vr,),
+                         lane_ops=TORCH_STRIDED_COPY_LANE_OPS))
     L.append(gemm_launch("bmm_pv", P_used, Vr, O, False, gemm_tile, allocs=(O,)))
     outputs = {"O": O}
     if not training:
@@ -223,9 +253,14 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
     L += [gemm_launch("bmm_bwd_dp", dO, Vr, dPd, True, gemm_tile, allocs=(dO, dPd), pass_name=B),
           gemm_launch("bmm_bwd_dv", P_used, dO, dVr, False, gemm_tile, allocs=(dVr,), a_transposed=True, pass_name=B)]
     dP = _dropout_bwd(wl, data, panel, L, dPd, DM, wl.dtype)
-    L.append(panel_launch("softmax_bwd", wl, panel, [(dP, _same, sc), (P, _same, pc)], [(dS, pc)],
-                          lambda g, r, a: [_softmax_bwd(a[0], a[1])], SOFTMAX_BWD_VECTOR_FLOPS, B,
-                          allocs=(dS,), frees=(dP, P)))
+    # softmax_backward_cuda_out (aten/src/ATen/native/cuda/SoftMax.cu): `tmp = grad * output`, its own
+    # elementwise kernel, then host_softmax_backward(tmp, output): dS = tmp - P * rowsum(tmp)
+    dPP = output(wl, "dP_P", nq, nk, wl.dtype, data)
+    L.append(panel_launch("softmax_bwd_mul", wl, panel, [(dP, _same, sc), (P, _same, pc)], [(dPP, pc)],
+                          lambda g, r, a: [a[0] * a[1]], 1, B, allocs=(dPP,), frees=(dP,)))
+    L.append(panel_launch("softmax_bwd", wl, panel, [(dPP, _same, pc), (P, _same, pc)], [(dS, pc)],
+                          lambda g, r, a: [a[0] - a[1] * a[0].sum(axis=1, keepdims=True)],
+                          SOFTMAX_BWD_VECTOR_FLOPS - 1, B, allocs=(dS,), frees=(dPP, P)))
     if wl.key_padding_mask:
         def pad_bwd(ctx, index):
             g, rows = panel(index)
@@ -237,7 +272,7 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
                       frees=(dS,), pass_name=B),
           copy_launch("mul_alpha_dk", [(dKT, dKT, False, wl.softmax_scale)], tr, B),
           copy_launch("stack_qkv_grad", [(dQr, dQ, False, None), (dKT, dK, True, None), (dVr, dV, False, None)],
-                      tr, B, allocs=(dQ, dK, dV), frees=(dQr, dKT, dVr))]
+                      tr, B, allocs=(dQ, dK, dV), frees=(dQr, dKT, dVr), lane_ops=TORCH_CAT_COPY_LANE_OPS)]
     outputs.update(dQ=dQ, dK=dK, dV=dV)
     return Program("pytorch_bench_training", L, inputs=tuple(inputs), outputs=outputs)
 
