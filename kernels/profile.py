@@ -83,6 +83,16 @@ def _first_line(cmd: list[str]) -> str | None:
     return lines[0].strip() if lines else None
 
 
+def _version_line(cmd: list[str]) -> str | None:
+    """The line of `cmd`'s output that names the version (ncu prints its name first, then 'Version ...')."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    return next((ln for ln in lines if "version" in ln.lower()), lines[0] if lines else None)
+
+
 def _hbmsim_version() -> str:
     try:
         from importlib.metadata import version
@@ -117,7 +127,7 @@ def gpu_provenance(command: list[str], warmup: int, repeats: int, ncu: str | Non
             "memory_clock_khz": rt.deviceGetAttribute(36, dev.id),    # cudaDevAttrMemoryClockRate (peak)
             "timing": {"method": "CUDA events around one forward pass", "warmup": warmup, "repeats": repeats,
                        "statistic": "median"},
-            "ncu": _first_line([ncu, "--version"]) if ncu else None,
+            "ncu": _version_line([ncu, "--version"]) if ncu else None,
             "ncu_metrics": list(NCU_METRICS) if ncu else None, "ncu_settings": NCU_SETTINGS if ncu else None,
             "host": platform.platform(), "hbmsim": _hbmsim_version(), "date": now_utc(), "command": " ".join(command)}
     if shutil.which("nvidia-smi"):

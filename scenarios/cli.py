@@ -17,7 +17,7 @@ from hbmsim.simulator import HbmsimError, TimeModel, load_gpu
 from . import report
 from .experiment import (EXPERIMENTS_DIR, HARDWARE_DIR, load_experiment, preset_names, resolve_experiment,
                          resolve_hardware, sweep_size)
-from .measure import cmd_emulate, cmd_profile
+from .measure import cmd_emulate, cmd_microbench, cmd_profile, cmd_profile_library
 from .outputs import check_output_dir, check_output_path, check_plot_output, write_text_atomic
 from .runner import estimated_wall_s, prepare, run_config, run_experiment, stderr_progress, with_data
 
@@ -486,6 +486,20 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-ncu", action="store_true", help="do not run Nsight Compute even if ncu is on the PATH")
     pr.add_argument("--seed", type=count(0), default=0, help="seed of the random inputs")
     pr.set_defaults(func=cmd_profile)
+    pl = sub.add_parser("profile-library", help="time PyTorch's FA2 kernels and the FA2 paper's PyTorch baseline "
+                        "on this GPU, forward and backward, kernel by kernel (a measured file for validate)")
+    pl.add_argument("--out", default="library.json", help="measured file to write (default: library.json)")
+    pl.add_argument("--impl", nargs="+", default=["fa2", "pytorch"], help="fa2 and/or pytorch (default both)")
+    pl.add_argument("--head-dim", nargs="+", type=count(1), default=[64, 128], help="64 and/or 128 (default both)")
+    pl.add_argument("--causal", nargs="+", choices=("false", "true"), default=["false", "true"])
+    pl.add_argument("--max-seq-len", type=count(1), default=16384, help="skip the grid's longer sequences")
+    pl.add_argument("--warmup", type=count(0), default=3, help="untimed runs before timing (default 3)")
+    pl.add_argument("--repeats", type=count(1), default=30, help="timed runs; the mean is kept (default 30)")
+    pl.set_defaults(func=cmd_profile_library)
+    mb = sub.add_parser("microbench", help="measure mma.sync, exp2 (SFU) and DRAM rates on this GPU")
+    mb.add_argument("--out", default="microbench.json", help="file to write (default: microbench.json)")
+    mb.add_argument("--repeats", type=count(1), default=10, help="timed launches; the median is kept (default 10)")
+    mb.set_defaults(func=cmd_microbench)
     c = sub.add_parser("compare", help="predicted (hbmsim run --json) vs measured (emulate/profile) per field")
     c.add_argument("predicted", help="results of `hbmsim run ... --json PATH` (source: predicted)")
     c.add_argument("measured", help="a measurement file: `hbmsim emulate` (emulated) or `hbmsim profile` (measured)")

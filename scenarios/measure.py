@@ -172,3 +172,38 @@ def cmd_profile(args) -> int:
     doc = {"source": "measured", "experiment": exp.name, "provenance": provenance, "runs": runs, "skipped": skipped}
     _write_measurements(args.out, doc)
     return 0
+
+
+def cmd_microbench(args) -> int:
+    """`hbmsim microbench`: the presets' achievable rates measured on this machine's GPU."""
+    from hbmsim.kernels.gpu import gpu_available
+    from hbmsim.kernels.microbench import main
+    check_output_path(args.out, "--out")
+    ok, why = gpu_available()
+    if not ok:
+        raise HbmsimError(f"microbench: no GPU to measure on ({why}); nothing was measured or written")
+    return main(["--out", args.out, "--repeats", str(args.repeats)])
+
+
+def cmd_profile_library(args) -> int:
+    """`hbmsim profile-library`: PyTorch's FlashAttention-2 kernels and the FA2 paper's PyTorch
+    baseline over the paper's grid on this machine's GPU, pass by pass (kernels/library.py)."""
+    from hbmsim.kernels import library
+    check_output_path(args.out, "--out")
+    for impl in args.impl:
+        if impl not in library.IMPLEMENTATIONS:
+            raise HbmsimError(f"profile-library: --impl {impl!r} must be one of {', '.join(library.IMPLEMENTATIONS)}")
+    for d in args.head_dim:
+        if d not in library.HEAD_DIMS:
+            raise HbmsimError(f"profile-library: --head-dim {d} must be one of the paper's "
+                              f"{', '.join(map(str, library.HEAD_DIMS))}")
+    try:
+        import torch
+    except ImportError:
+        raise HbmsimError("profile-library: PyTorch is not installed; nothing was measured or written") from None
+    if not torch.cuda.is_available():
+        raise HbmsimError("profile-library: torch sees no CUDA GPU; nothing was measured or written")
+    argv = ["--out", args.out, "--impl", *args.impl, "--head-dim", *map(str, args.head_dim),
+            "--causal", *args.causal, "--max-seq-len", str(args.max_seq_len), "--warmup", str(args.warmup),
+            "--repeats", str(args.repeats)]
+    return library.main(argv)

@@ -57,10 +57,11 @@ def test_validate_reads_the_torch_measurements():
 def test_fa2_register_count_is_the_measured_one():
     fa2 = [k for r in _load(NCU)["runs"] for k in r["kernels"]
            if "flash_fwd_kernel" in k["name"] or "flash_bwd_dq_dk_dv" in k["name"]]
-    assert len(fa2) == 4            # forward and backward at head dims 64 and 128
+    # forward at head dims 64 and 128 (and causal at 128, and N = 16384 at 64), backward at 64 and 128
+    assert len(fa2) == 6
     assert {k["launch__registers_per_thread"] for k in fa2} == {FA2_KERNEL_REGISTERS_PER_THREAD}
     # and the occupancy ncu reports is the one the registers effect computes: 2 forward blocks, 1 backward
-    assert sorted(k["launch__occupancy_limit_registers"] for k in fa2) == [1, 1, 2, 2]
+    assert sorted(k["launch__occupancy_limit_registers"] for k in fa2) == [1, 1, 2, 2, 2, 2]
 
 
 def test_h100_preset_rates_are_the_microbenchmarks():
@@ -123,3 +124,16 @@ def test_library_grid_on_gpu(tmp_path):
     doc = json.loads(out.read_text())
     assert {r["pass"] for r in doc["runs"]} == {"forward", "backward", "forward+backward"}
     assert all(r["time_s"] > 0 for r in doc["runs"])
+
+
+def test_gpu_commands_refuse_bad_input_in_one_line(tmp_path, capsys):
+    from hbmsim.scenarios.cli import main
+    assert main(["profile-library", "--impl", "xformers", "--out", str(tmp_path / "a.json")]) == 2
+    assert "--impl 'xformers' must be one of fa2, pytorch" in capsys.readouterr().err
+    assert main(["profile-library", "--head-dim", "96", "--out", str(tmp_path / "a.json")]) == 2
+    assert "--head-dim 96 must be one of the paper's 64, 128" in capsys.readouterr().err
+    for cmd in ("profile-library", "microbench"):          # the output is a folder: said before measuring
+        assert main([cmd, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
