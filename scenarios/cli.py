@@ -338,6 +338,10 @@ def cmd_compare(args) -> int:
     return 0
 
 
+# How validate's plot labels its y axis, by the measured files' "source"
+MEASUREMENT_KINDS = {"published": "published measurement", "measured": "measured (this project's runs on a GPU)"}
+
+
 def cmd_validate(args) -> int:
     from . import validate as V
     from .published import measured_names
@@ -361,8 +365,11 @@ def cmd_validate(args) -> int:
     if args.plot:
         from .compare import load
         from .published import resolve_measured
-        source = "; ".join(str(load(resolve_measured(r)).provenance.get("short", r)) for r in refs)
-        print(f"wrote {V.plot(points, args.plot, 'published measurement: ' + source, model)}", file=sys.stderr)
+        files = [load(resolve_measured(r)) for r in refs]
+        kind = " / ".join(dict.fromkeys(MEASUREMENT_KINDS.get(f.source, f.source) for f in files))
+        source = "; ".join(str(f.provenance.get("short") or f"{r}: {f.provenance.get('gpu', '')}")
+                           for r, f in zip(refs, files))
+        print(f"wrote {V.plot(points, args.plot, kind + ': ' + source, model, kind)}", file=sys.stderr)
     return 0
 
 

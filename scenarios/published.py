@@ -71,7 +71,15 @@ def convert_fa2_paper_csv(csv_path: str | Path) -> dict:
 
 
 def measured_names() -> list[str]:
-    return sorted(p.stem for p in MEASURED_DIR.glob("*.json"))
+    """The shipped timing sets `hbmsim validate` reads by default: the measured files whose runs
+    name an implementation (published and `hbmsim profile-library` files; `hbmsim profile` files of
+    this project's own kernel, microbenchmarks and Nsight summaries are not timing sets)."""
+    out = []
+    for p in sorted(MEASURED_DIR.glob("*.json")):
+        runs = json.loads(p.read_text()).get("runs") or [{}]
+        if isinstance(runs[0], dict) and "implementation" in runs[0]:
+            out.append(p.stem)
+    return out
 
 
 def resolve_measured(ref: str) -> Path:

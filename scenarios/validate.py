@@ -194,9 +194,10 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None) -> Path:
-    """Predicted (x) against published (y) time, log-log, with y = x; one colour per
-    implementation, one marker per GPU."""
+def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None,
+         kind: str = "published measurement") -> Path:
+    """Predicted (x) against measured (y) time, log-log, with y = x; one colour per
+    implementation, one marker per GPU. `kind` labels the y axis: published or measured."""
     plt = pyplot()
     import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(7.5, 7))
@@ -213,9 +214,9 @@ def plot(points: list, path: str | Path, source: str, model: TimeModel | None = 
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
-           ylabel="published measurement (ms)")
+           ylabel=f"{kind} (ms)")
     ax.set_title(f"Time per run: predicted by hbmsim (time model: {(model or TimeModel()).describe()}) "
-                 "vs published measurement\n" + textwrap.fill(source, 90), fontsize=9)
+                 f"vs {kind}\n" + textwrap.fill(source, 90), fontsize=9)
     for axis in (ax.xaxis, ax.yaxis):           # ticks at 1, 2, 5 x 10^k, written as plain numbers
         axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))

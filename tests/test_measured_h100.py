@@ -137,3 +137,16 @@ def test_gpu_commands_refuse_bad_input_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--out" in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_validate_plot_says_measured_for_measured_files(tmp_path, monkeypatch):
+    from hbmsim.scenarios import validate as V
+    from hbmsim.scenarios.cli import main
+    seen = {}
+    monkeypatch.setattr(V, "plot", lambda points, path, source, model, kind: seen.update(kind=kind, source=source)
+                        or path)
+    args = ["validate", "h100-torch-fwd-bwd", "--only", "fa2 flash2 fa2-kernel h100-sxm5-80gb forward",
+            "--max-seq-len", "512", "--quiet", "--plot", str(tmp_path / "v.png")]
+    assert main(args) == 0
+    assert seen["kind"] == "measured (this project's runs on a GPU)"
+    assert "NVIDIA H100 80GB HBM3" in seen["source"]
