@@ -13,7 +13,7 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   delivery, issue and clock never let a real kernel run the pipes at 100%.
 - mma_sync: a kernel written with the warp-level `mma.sync` instruction (FlashAttention 1 and 2;
   Launch.tensor_op = "mma.sync") gets `mma_sync_fraction` of `matmul_flops_per_s` from the
-  tensor cores. On A100 that is all of it (mma.sync is sm80's tensor-core instruction); on H100
+  tensor cores (or the achievable fraction, if that is smaller: both are fractions of the peak). On A100 that is all of it (mma.sync is sm80's tensor-core instruction); on H100
   the peak needs the warpgroup-level `wgmma`, and mma.sync reaches about 2/3 of it. Library GEMMs
   (cuBLAS) use the best instruction: `matmul_flops_per_s` (times the achievable fraction).
 - sfu_exp: exp runs on the special-function unit (`sfu_ops_per_clk_per_sm`: 16 results per clock
@@ -104,11 +104,14 @@ class SmRates:
     def __init__(self, gpu, model: TimeModel):
         sms = gpu.sm_count
         # tensor cores: seconds per FLOP for each kind of instruction
+        # each instruction's rate is a fraction of the spec sheet's peak: the best GEMM's (achievable)
+        # for library GEMMs; for mma.sync the smaller of that and mma.sync's own measured ceiling
+        # (both are measured against the peak, so they do not multiply)
         peak = gpu.matmul_flops_per_s
-        if model.achievable_tensor and gpu.tensor_achievable_fraction > 0:
-            peak *= gpu.tensor_achievable_fraction
+        achievable = gpu.tensor_achievable_fraction if model.achievable_tensor and gpu.tensor_achievable_fraction > 0 \
+            else 1.0
         mma_sync = gpu.mma_sync_fraction if model.mma_sync and gpu.mma_sync_fraction > 0 else 1.0
-        self.s_per_flop = {LIBRARY: sms / peak, MMA_SYNC: sms / (peak * mma_sync)}
+        self.s_per_flop = {LIBRARY: sms / (peak * achievable), MMA_SYNC: sms / (peak * min(achievable, mma_sync))}
         # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
         self.s_per_vec_op = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
         # SFU: 0 means exp is an ordinary vector operation (the effect off or no rate given)
