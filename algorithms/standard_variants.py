@@ -48,28 +48,32 @@ F32 = "fp32"
 
 # PyTorch's softmax forward as compiled issues far more instructions than softmax's five operations
 # per element: index arithmetic, warp shuffles and block-wide max and sum reductions per row. Nsight
-# Compute on H100 (torch 2.11.0+cu130, scenarios/measured/h100-ncu-kernels.json and the same file's
-# runs at N = 1024 and 8192) counted smsp__inst_executed per element (x 32 lanes = the lane operations
-# the time model issues at one per lane-clock, the fp32_ops rate):
-#  - rows of at most 1024 elements whose bytes fit 4 KB (SoftMax.cu dispatches softmax_warp_forward,
-#    a warp per row): 1.23 warp instructions per element at N = 1024 -> 39.4 lane operations;
-#  - longer rows (cunn_SoftMaxForward, a block per row): 2.48 at N = 4096, 2.42 at 8192 -> 79.5.
-# Its issue slots were 77-82% busy and DRAM at 38% of peak: the kernel is issue-bound, not memory-bound.
-TORCH_SOFTMAX_WARP_LANE_OPS = 39.4
-TORCH_SOFTMAX_BLOCK_LANE_OPS = 79.5
-# The same count for PyTorch's copies of permuted (non-contiguous) tensors, which run
-# elementwise_kernel with an offset calculator (a division and a multiply-add per dimension per
-# element): 69.7e6 warp instructions for the 33.5e6 elements of q's rearrange -> 66.6 lane operations
-# per element (issue slots 78% busy); the unbind backward's CatArrayBatchedCopy into qkv.grad:
-# 268.7e6 for 100.7e6 elements -> 85.4 (70% busy). Same source as above, N = 4096, head dim 64.
-TORCH_STRIDED_COPY_LANE_OPS = 66.6
-TORCH_CAT_COPY_LANE_OPS = 85.4
+# Compute on H100 (torch 2.11.0+cu130, fp16; scenarios/measured/h100-ncu-kernels.json) counted
+# smsp__inst_executed per element; x 32 lanes it is the lane operations the time model issues at one
+# per lane-clock (the fp32_ops rate). Which kernel runs depends on the row's bytes (seen at N = 512 to
+# 16384 in h100-torch-fwd-bwd.json's kernel lists; the switch points between those sizes are not known):
+#  - rows up to 4 KB (N <= 2048 in fp16): softmax_warp_forward, a warp per row: 1.23 and 1.21 warp
+#    instructions per element at N = 1024 and 2048 -> 39.0 lane operations;
+#  - up to 16 KB (N = 4096, 8192): cunn_SoftMaxForwardReg, a block per row held in registers: 2.48 and
+#    2.42 -> 78.4; its issue slots were 77% busy and DRAM at 38% of peak: issue-bound, not memory-bound;
+#  - longer rows (N = 16384): cunn_SoftMaxForwardSmem, the row staged in shared memory: 1.43 -> 45.6.
+TORCH_SOFTMAX_LANE_OPS = ((4096, 39.0), (16384, 78.4), (None, 45.6))   # (row bytes up to, lane ops)
 
 
 def torch_softmax_lane_ops(wl: Workload) -> float:
     """Lane operations per element of torch.softmax's forward kernel over rows of seq_len_kv."""
-    nk = wl.seq_len_kv
-    return TORCH_SOFTMAX_WARP_LANE_OPS if nk <= 1024 and nk * wl.itemsize <= 4096 else TORCH_SOFTMAX_BLOCK_LANE_OPS
+    row_bytes = wl.seq_len_kv * wl.itemsize
+    return next(ops for limit, ops in TORCH_SOFTMAX_LANE_OPS if limit is None or row_bytes <= limit)
+
+
+# The same count for PyTorch's copies of permuted (non-contiguous) tensors, which run
+# elementwise_kernel with an offset calculator (a division and a multiply-add per dimension per
+# element): 69.7e6 warp instructions for the 33.5e6 elements of q's rearrange -> 66.6 lane operations
+# per element (issue slots 78% busy); the unbind backward's CatArrayBatchedCopy into qkv.grad:
+# 268.7e6 for 100.7e6 elements -> 85.4 (70% busy; the same at N = 2048, head dim 128). Same source as
+# above, N = 4096, head dim 64.
+TORCH_STRIDED_COPY_LANE_OPS = 66.6
+TORCH_CAT_COPY_LANE_OPS = 85.4
 
 
 # ---- generic kernels ---------------------------------------------------------------------------

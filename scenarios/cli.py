@@ -498,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", default="library.json", help="measured file to write (default: library.json)")
     pl.add_argument("--impl", nargs="+", default=["fa2", "pytorch"], help="fa2 and/or pytorch (default both)")
     pl.add_argument("--head-dim", nargs="+", type=count(1), default=[64, 128], help="64 and/or 128 (default both)")
-    pl.add_argument("--causal", nargs="+", choices=("false", "true"), default=["false", "true"])
+    pl.add_argument("--causal", nargs="+", choices=("false", "true"), default=["false", "true"],
+                    help="without and/or with the causal mask (default both)")
     pl.add_argument("--max-seq-len", type=count(1), default=16384, help="skip the grid's longer sequences")
     pl.add_argument("--warmup", type=count(0), default=3, help="untimed runs before timing (default 3)")
     pl.add_argument("--repeats", type=count(1), default=30, help="timed runs; the mean is kept (default 30)")
