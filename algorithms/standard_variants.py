@@ -47,23 +47,28 @@ from .workload import AttentionData, Workload, allowed
 F32 = "fp32"
 
 # PyTorch's softmax forward as compiled issues far more instructions than softmax's five operations
-# per element: index arithmetic, warp shuffles and block-wide max and sum reductions per row. Nsight
+# per element: index arithmetic, warp shuffles, block-wide max and sum reductions per row, and the
+# accurate expf (not exp2f), whose range checks cost more on rows with masked (-10000) scores. Nsight
 # Compute on H100 (torch 2.11.0+cu130, fp16; scenarios/measured/h100-ncu-kernels.json) counted
 # smsp__inst_executed per element; x 32 lanes it is the lane operations the time model issues at one
 # per lane-clock (the fp32_ops rate). Which kernel runs depends on the row's bytes (seen at N = 512 to
 # 16384 in h100-torch-fwd-bwd.json's kernel lists; the switch points between those sizes are not known):
 #  - rows up to 4 KB (N <= 2048 in fp16): softmax_warp_forward, a warp per row: 1.23 and 1.21 warp
-#    instructions per element at N = 1024 and 2048 -> 39.0 lane operations;
+#    instructions per element at N = 1024 and 2048 -> 39.0 lane operations; causal 1.78 -> 57.0;
 #  - up to 16 KB (N = 4096, 8192): cunn_SoftMaxForwardReg, a block per row held in registers: 2.48 and
-#    2.42 -> 78.4; its issue slots were 77% busy and DRAM at 38% of peak: issue-bound, not memory-bound;
-#  - longer rows (N = 16384): cunn_SoftMaxForwardSmem, the row staged in shared memory: 1.43 -> 45.6.
-TORCH_SOFTMAX_LANE_OPS = ((4096, 39.0), (16384, 78.4), (None, 45.6))   # (row bytes up to, lane ops)
+#    2.42 -> 78.4 (causal, N = 8192: 2.97 -> 94.9); its issue slots were 66-77% busy and DRAM at 39% of
+#    peak: issue-bound, not memory-bound;
+#  - longer rows (N = 16384): cunn_SoftMaxForwardSmem, the row staged in shared memory: 1.43 -> 45.6
+#    (causal not measured: the same figure is used).
+# (row bytes up to, lane operations without a mask, with the causal mask)
+TORCH_SOFTMAX_LANE_OPS = ((4096, 39.0, 57.0), (16384, 78.4, 94.9), (None, 45.6, 45.6))
 
 
 def torch_softmax_lane_ops(wl: Workload) -> float:
     """Lane operations per element of torch.softmax's forward kernel over rows of seq_len_kv."""
     row_bytes = wl.seq_len_kv * wl.itemsize
-    return next(ops for limit, ops in TORCH_SOFTMAX_LANE_OPS if limit is None or row_bytes <= limit)
+    plain, causal = next((p, c) for limit, p, c in TORCH_SOFTMAX_LANE_OPS if limit is None or row_bytes <= limit)
+    return causal if wl.causal else plain
 
 
 # The same count for PyTorch's copies of permuted (non-contiguous) tensors, which run
@@ -74,6 +79,10 @@ def torch_softmax_lane_ops(wl: Workload) -> float:
 # above, N = 4096, head dim 64.
 TORCH_STRIDED_COPY_LANE_OPS = 66.6
 TORCH_CAT_COPY_LANE_OPS = 85.4
+# The causal mask's add, scores (B, H, N, N) + mask (N, N) broadcast, takes the same non-vectorized
+# path: 1.77 warp instructions per element at N = 2048 and 8192 (head dim 128, causal) -> 56.8, issue
+# slots 70-76% busy.
+TORCH_BROADCAST_ADD_LANE_OPS = 56.8
 
 
 # ---- generic kernels ---------------------------------------------------------------------------
@@ -222,7 +231,8 @@ def _pytorch_bench(wl: Workload, data: AttentionData | None, gemm_tile: tuple, t
             L.append(copy_launch("causal_to_dtype", [(triu, cm, False, None)], tr, allocs=(cm,), frees=(triu,)))
         Sm = output(wl, "S_masked", nq, nk, wl.dtype, data)
         L.append(panel_launch("causal_add", wl, panel, [(S, _same, sc), (cm, _zero, sc)], [(Sm, sc)],
-                              lambda g, rows, a: [a[0] + a[1]], 1, allocs=(Sm,), frees=(S, cm)))
+                              lambda g, rows, a: [a[0] + a[1]], TORCH_BROADCAST_ADD_LANE_OPS, allocs=(Sm,),
+                              frees=(S, cm)))
         cur = Sm
     KPM = None
     if wl.key_padding_mask:
