@@ -197,18 +197,18 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
 def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None,
          kind: str = "published measurement") -> Path:
     """Predicted (x) against measured (y) time, log-log, with y = x; one colour per
-    implementation, one marker per GPU. `kind` labels the y axis: published or measured."""
+    implementation, one marker per GPU and pass. `kind` labels the y axis: published or measured."""
     plt = pyplot()
     import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(7.5, 7))
     colours = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
     markers = ("o", "s", "^", "D", "v", "P")
     impls = list(dict.fromkeys(p.family[0] for p in points))
-    gpus = list(dict.fromkeys(p.family[1] for p in points))
+    shapes = list(dict.fromkeys(p.family[1:] for p in points))     # one marker per (GPU, pass)
     for fam in dict.fromkeys(p.family for p in points):
         pts = [(p.predicted_s * 1e3, p.measured_s * 1e3) for p in points if p.family == fam]
         ax.scatter(*zip(*pts), color=colours[impls.index(fam[0]) % len(colours)],
-                   marker=markers[gpus.index(fam[1]) % len(markers)], alpha=0.8,
+                   marker=markers[shapes.index(fam[1:]) % len(markers)], alpha=0.8,
                    label=f"{fam[0]} on {fam[1]}, {fam[2]} ({len(pts)})")
     values = [v for p in points for v in (p.predicted_s * 1e3, p.measured_s * 1e3)]
     lo, hi = min(values) / 1.5, max(values) * 1.5
