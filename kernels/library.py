@@ -37,6 +37,7 @@ from pathlib import Path
 
 # The FlashAttention-2 paper's grid (benchmarks/benchmark_flash_attention.py): 16k tokens, hidden 2048.
 HIDDEN = 2048
+TOKENS = 16384
 BATCH_SEQ = ((32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384))
 HEAD_DIMS = (64, 128)
 IMPLEMENTATIONS = {"fa2": ("flash2", "fa2-kernel"), "pytorch": ("standard", "pytorch-bench")}
@@ -214,8 +215,10 @@ def provenance(command: list[str], warmup: int, repeats: int) -> dict:
                        f"{torch.__version__}; not the v2.0.x release of the paper)",
                 "pytorch": "hbmsim algorithm standard, variant pytorch-bench: attention_pytorch of the flash-attention "
                            "repository's benchmarks/benchmark_flash_attention.py, reproduced op for op"},
-            "setup": "fp16, no dropout, 16k tokens (batch = 16384 / seq_len), hidden 2048 (head dim 64: 32 heads; "
-                     "128: 16 heads), the FlashAttention-2 paper's grid",
+            "setup": "fp16, no dropout, 16k tokens (batch = 16384 / seq_len, at least 1: longer sequences run "
+                     "batch 1), "
+                     "hidden 2048 (head dim 64: 32 heads; 128: 16 heads), the FlashAttention-2 paper's grid "
+                     "unless the command names other sequence lengths",
             "flop_convention": "forward = 4 N^2 d heads batch (halved when causal); backward 2.5x; forward + "
                                "backward 3.5x (benchmark_flash_attention.py)",
             "host": platform.platform(), "python": platform.python_version(),
@@ -231,13 +234,16 @@ def provenance(command: list[str], warmup: int, repeats: int) -> dict:
 
 
 def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, warmup: int, repeats: int,
-                 command: list[str]) -> dict:
+                 command: list[str], seq_lens=None) -> dict:
+    """`seq_lens`: other sequence lengths than the paper's, at its 16k tokens (batch = 16384 // N, at
+    least 1)."""
     torch = _torch()
     prov = provenance(command, warmup, repeats)
     hardware = _preset(prov["gpu"], prov["sm_count"])
     doc = {"source": "measured", "provenance": prov, "runs": [], "skipped": []}
     clocks = ClockSampler()
-    configs = [(impl, causal, d, b, n) for causal in causals for d in head_dims for b, n in BATCH_SEQ
+    batch_seq = BATCH_SEQ if not seq_lens else tuple((max(1, TOKENS // n), n) for n in seq_lens)
+    configs = [(impl, causal, d, b, n) for causal in causals for d in head_dims for b, n in batch_seq
                for impl in impls if n <= max_seq_len]
     for i, (impl, causal, d, b, n) in enumerate(configs):
         h = HIDDEN // d
@@ -386,7 +392,8 @@ def main(argv=None) -> int:
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS))
     p.add_argument("--head-dim", nargs="+", type=int, default=list(HEAD_DIMS))
     p.add_argument("--causal", nargs="+", default=["false", "true"])
-    p.add_argument("--max-seq-len", type=int, default=16384)
+    p.add_argument("--max-seq-len", type=int, default=1 << 20)
+    p.add_argument("--seq-lens", nargs="+", type=int, help="other sequence lengths (batch = 16384 // N, >= 1)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--ncu", nargs=5, metavar=("IMPL", "D", "N", "CAUSAL", "PASS"))
@@ -405,7 +412,7 @@ def main(argv=None) -> int:
         return ncu_one(impl, int(d), int(n), causal == "true", pass_name)
     command = ["python", "-m", "hbmsim.kernels.library"] + list(argv if argv is not None else sys.argv[1:])
     measure_grid(a.out, a.impl, a.head_dim, [c == "true" for c in a.causal], a.max_seq_len, a.warmup, a.repeats,
-                 command)
+                 command, a.seq_lens)
     return 0
 
 

@@ -150,3 +150,13 @@ def test_validate_plot_says_measured_for_measured_files(tmp_path, monkeypatch):
     assert main(args) == 0
     assert seen["kind"] == "measured (this project's runs on a GPU)"
     assert "NVIDIA H100 80GB HBM3" in seen["source"]
+
+
+def test_the_sequence_length_set_reaches_beyond_the_paper_grid():
+    doc = _load(MEASURED_DIR / "h100-torch-seqlens.json")
+    ns = {r["workload"]["seq_len"] for r in doc["runs"]}
+    assert ns == {128, 256, 32768}
+    # batch = 16384 // N, at least 1; PyTorch's N x N scores at N = 32768 (64 GiB) do not fit the 80 GB GPU
+    assert all(r["workload"]["batch"] == max(1, 16384 // r["workload"]["seq_len"]) for r in doc["runs"])
+    assert {(s["implementation"], s["workload"]["seq_len"]) for s in doc["skipped"]} == {("pytorch", 32768)}
+    assert all("out of memory" in s["reason"] for s in doc["skipped"])
