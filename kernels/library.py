@@ -295,16 +295,23 @@ def gemm_rates(warmup: int, repeats: int) -> list[dict]:
     return out
 
 
-def ncu_one(impl, d, n, causal, pass_name) -> int:
-    """Under ncu (--profile-from-start off): one warm-up pass, then the measured pass between
-    cudaProfilerStart and Stop (process-wide: the backward's kernels launch from autograd's own thread)."""
+def _warmed(impl, d, n, causal):
+    """One configuration of the paper's set-up (batch = TOKENS // N, at least 1; HIDDEN // d heads)
+    after one untimed forward and backward: (inputs, fn, y, grad), y kept for more backwards."""
     torch = _torch()
-    b, h = 16384 // n, HIDDEN // d
-    inputs, fn = make_fn(impl, b, n, h, d, causal, torch.float16)
+    inputs, fn = make_fn(impl, max(1, TOKENS // n), n, HIDDEN // d, d, causal, torch.float16)
     y = fn(*inputs)
     grad = torch.randn_like(y)
     y.backward(grad, retain_graph=True)
     torch.cuda.synchronize()
+    return inputs, fn, y, grad
+
+
+def ncu_one(impl, d, n, causal, pass_name) -> int:
+    """Under ncu (--profile-from-start off): one warm-up pass, then the measured pass between
+    cudaProfilerStart and Stop (process-wide: the backward's kernels launch from autograd's own thread)."""
+    torch = _torch()
+    inputs, fn, y, grad = _warmed(impl, d, n, causal)
     for x in inputs:
         x.grad = None
     torch.cuda.profiler.start()
@@ -321,12 +328,7 @@ def op_table(impl, d, n, causal) -> int:
     """Print which operator launched each kernel (torch.profiler, CPU + CUDA, input shapes)."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
-    b, h = 16384 // n, HIDDEN // d
-    inputs, fn = make_fn(impl, b, n, h, d, causal, torch.float16)
-    y = fn(*inputs)
-    grad = torch.randn_like(y)
-    y.backward(grad, retain_graph=True)
-    torch.cuda.synchronize()
+    inputs, fn, y, grad = _warmed(impl, d, n, causal)
     for name, call in (("forward", lambda: fn(*inputs)), ("backward", lambda: y.backward(grad, retain_graph=True))):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             call()
@@ -359,11 +361,11 @@ def summarise_ncu_raw(text: str) -> list[dict]:
     (one a cycle) over the kernel's cycles."""
     import csv
     import io
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
+    from .profile import ncu_table
+    table = ncu_table(text)
+    if table is None:
         return []
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    rows = list(csv.reader(io.StringIO(table)))
     header, units = rows[0], rows[1]
     out = []
     for row in rows[2:]:

@@ -85,8 +85,6 @@ def _clock_hz(r: dict) -> float:
 
 
 def measure(warmup: int = 3, repeats: int = 10) -> dict:
-    from .gpu import cupy_module
-    cp = cupy_module()
     cp, mod = _module()
     dev = cp.cuda.Device()
     sms = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]

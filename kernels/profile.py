@@ -74,23 +74,17 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _first_line(cmd: list[str]) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
-    return lines[0].strip() if lines else None
-
-
-def _version_line(cmd: list[str]) -> str | None:
-    """The line of `cmd`'s output that names the version (ncu prints its name first, then 'Version ...')."""
+def _first_line(cmd: list[str], containing: str | None = None) -> str | None:
+    """The first non-empty line of `cmd`'s output (the first that contains `containing`, when given
+    and present: ncu prints its name first, then 'Version ...'), or None when it cannot run."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
-    return next((ln for ln in lines if "version" in ln.lower()), lines[0] if lines else None)
+    if containing:
+        lines = [ln for ln in lines if containing in ln.lower()] or lines
+    return lines[0] if lines else None
 
 
 def _hbmsim_version() -> str:
@@ -127,7 +121,7 @@ def gpu_provenance(command: list[str], warmup: int, repeats: int, ncu: str | Non
             "memory_clock_khz": rt.deviceGetAttribute(36, dev.id),    # cudaDevAttrMemoryClockRate (peak)
             "timing": {"method": "CUDA events around one forward pass", "warmup": warmup, "repeats": repeats,
                        "statistic": "median"},
-            "ncu": _version_line([ncu, "--version"]) if ncu else None,
+            "ncu": _first_line([ncu, "--version"], "version") if ncu else None,
             "ncu_metrics": list(NCU_METRICS) if ncu else None, "ncu_settings": NCU_SETTINGS if ncu else None,
             "host": platform.platform(), "hbmsim": _hbmsim_version(), "date": now_utc(), "command": " ".join(command)}
     if shutil.which("nvidia-smi"):
@@ -165,15 +159,22 @@ def time_forward(spec: RunSpec, q, k, v, warmup: int = 3, repeats: int = 20) -> 
     return statistics.median(times_s)
 
 
+def ncu_table(text: str) -> str | None:
+    """ncu --csv output from its header row ('"ID",...') on, without the ==PROF== lines before it;
+    None when there is no table."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    return None if start is None else "\n".join(lines[start:])
+
+
 def parse_ncu_csv(text: str) -> list[dict]:
     """ncu --csv (details page, one row per kernel and metric) -> one dict per kernel launch:
     {"name", metric: value in base units (bytes, sectors, seconds)}."""
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
+    table = ncu_table(text)
+    if table is None:
         return []
     kernels: dict = {}
-    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+    for row in csv.DictReader(io.StringIO(table)):
         if not row.get("Metric Name") or row.get("ID") is None:
             continue
         k = kernels.setdefault(row["ID"], {"name": row.get("Kernel Name", "")})
