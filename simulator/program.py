@@ -63,13 +63,11 @@ class BlockContext:
     the loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
     called and return the events to wait for (none, or one), cheaper than a generator."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_l2_access", "_tensors", "_tensors_of",
-                 "_with_data")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of", "_with_data")
 
     def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: "LaunchState"):
         self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
         self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
-        self._l2_access = None if machine.l2 is None else machine.l2.access
         # per tensor, what _issue needs of it for `self.kernel`: see _tensor
         self._tensors: dict = {}
         self._tensors_of = kernel
@@ -154,14 +152,17 @@ class BlockContext:
         of its own unless it comes after the HBM part.
 
         This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
-        tensor (L2-side, and DRAM when it misses L2 or there is no L2), asks the L2 model, and
-        notes dirty lines the L2 evicted (written back by one request nobody waits on)."""
+        tensor (L2-side, and DRAM when it misses L2 or there is no L2), applies the L2's policy
+        (l2.py, written out here), and notes dirty lines the L2 evicted (written back by one
+        request nobody waits on)."""
         m = self._m
         kernel = self.kernel
         if kernel is not self._tensors_of:        # the worker switched records (fold.py): start over
             self._tensors, self._tensors_of = {}, kernel
         known = self._tensors
-        access = self._l2_access
+        l2 = m.l2
+        if l2 is not None:
+            lines, capacity = l2.lines, l2.capacity_bytes
         trace = m.trace
         hbm_bytes = l2_bytes = writeback_bytes = 0
         t_prev = None
@@ -177,20 +178,39 @@ class BlockContext:
                     _span(rows, n_rows, "row", t)      # raises with the numbers
                     _span(cols, n_cols, "col", t)
                 nbytes = (r1 - r0) * (c1 - c0) * itemsize
-                key = (uid, view.group, r0, r1, c0, c1)
                 if w:
                     traffic.write += nbytes
                 else:
                     traffic.read += nbytes
-                if access is None:
+                if l2 is None:
                     from_hbm = True
-                else:
-                    evicted = access(key, nbytes, owner, w)
-                    from_hbm = evicted is not None and not w        # a read miss
-                    if evicted:
-                        for (name, _), nb in evicted:
-                            (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += nb
-                            writeback_bytes += nb
+                else:                                   # the L2's policy (l2.py)
+                    key = (uid, view.group, r0, r1, c0, c1)
+                    line = lines.get(key)
+                    if line is not None:                # hit: now the most recent; a store dirties it
+                        lines.move_to_end(key)
+                        if w:
+                            line[1] = True
+                            line[2] = owner
+                        from_hbm = False
+                    elif nbytes > capacity:             # larger than the L2: streams through
+                        from_hbm = not w
+                        if w:                           # (a store goes to HBM now, as a write-back)
+                            traffic.hbm_write += nbytes
+                            writeback_bytes += nbytes
+                    else:                               # miss: a load reads HBM, a store allocates
+                        from_hbm = not w
+                        used = l2.used_bytes + nbytes
+                        while used > capacity:          # evict least recently used lines until it fits
+                            old_bytes, dirty, old_owner = lines.popitem(False)[1]
+                            used -= old_bytes
+                            if dirty:                   # written back, credited to its owner tensor
+                                (kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])).hbm_write \
+                                    += old_bytes
+                                writeback_bytes += old_bytes
+                        lines[key] = [nbytes, w, owner]
+                        l2.used_bytes = used
+                        l2.inserted_bytes += nbytes
                 if from_hbm:
                     hbm_bytes += nbytes
                     if w:
@@ -202,7 +222,7 @@ class BlockContext:
                 if trace is not None:
                     where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
                     trace(m.env.now, self.sm, kernel.name, self.block,
-                          f"{'store' if w else 'load '} {t.name}[{key[1]}][{key[2]}:{key[3]}, {key[4]}:{key[5]}] "
+                          f"{'store' if w else 'load '} {t.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
                           f"{nbytes} B ({where})")
         if writeback_bytes:
             # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a

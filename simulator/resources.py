@@ -35,7 +35,7 @@ from heapq import heappop, heappush, heapreplace
 import simpy
 
 from .errors import HbmsimError
-from .simpy_adapter import Completion, timers
+from .simpy_adapter import Timer, schedulers, timers
 
 _REL_EPS = 1e-12
 
@@ -68,6 +68,7 @@ class SharedPool:
         self.requests = 0            # requests with work (each costs O(1) events)
         self.wakes = 0               # wake-ups that acted (for the liveness tests)
         self._after = timers(env)    # schedules a wake-up (an env.timeout, cheaper)
+        self._fire_after = schedulers(env)    # schedules a request's completion
 
     def _advance(self, now: float) -> None:
         """Bring the virtual clock up to `now`: each of the n requests in flight got rate/n.
@@ -79,12 +80,13 @@ class SharedPool:
             self.busy_s += dt
         self._last_s = now
 
-    def request(self, amount: float) -> Completion:
+    def request(self, amount: float) -> Timer:
         env = self.env
-        ev = Completion(env)
+        ev = Timer()                 # the completion: scheduled when the pool knows its finish time
+        ev.callbacks = []
         self.served += amount
         if amount <= 0:
-            ev.fire_after(0.0)
+            self._fire_after(ev, 0.0)
             return ev
         self.requests += 1
         now = env.now
@@ -143,14 +145,14 @@ class SharedPool:
             self._virtual += dt * rate / n
             self.busy_s += dt
         self._last_s = now
-        v, latency_s = self._virtual, self.latency_s
+        v, latency_s, fire_after = self._virtual, self.latency_s, self._fire_after
         limit = v + _REL_EPS * abs(v)
         while heads:
             tag, _, fifo = heads[0]
             # Finished: served up to rounding, or so nearly that its finish time is `now` itself.
             if tag > limit and now + (tag - v) * n / rate > now:
                 break
-            fifo.popleft()[2].fire_after(latency_s)
+            fire_after(fifo.popleft()[2], latency_s)
             n -= 1
             if fifo:                 # its FIFO's next request heads it now
                 heapreplace(heads, (fifo[0][0], fifo[0][1], fifo))

@@ -148,13 +148,15 @@ def test_results_file_grows_as_configurations_finish(tmp_path, capsys, monkeypat
 
 
 def test_ctrl_c_in_a_real_process_leaves_a_valid_file(tmp_path):
-    """A real SIGINT, while the second of several half-second configurations runs."""
+    """A real SIGINT, while the second of several half-second configurations runs (simulated
+    whole: fast mode would finish them all before the signal lands)."""
     text = (GOOD.replace("heads = 2", "heads = 16")
             .replace("block_q = 32\nblock_kv = 32", "block_q = 16\nblock_kv = 16")
-            + "[sweep]\nseq_len = [256, 257, 258, 259, 260, 261, 262, 263]\n")
+            + "[sweep]\nseq_len = [768, 769, 770, 771, 772, 773, 774, 775]\n")
     out_json = tmp_path / "r.json"
     proc = subprocess.Popen([sys.executable, "-m", "hbmsim.scenarios.cli", "run", scenario(tmp_path, text),
-                             "--count-only", "--json", str(out_json)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--count-only", "--full", "--json", str(out_json)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120
     while not out_json.exists() and time.monotonic() < deadline and proc.poll() is None:

@@ -4,7 +4,6 @@ import pytest
 import simpy
 
 from hbmsim.simulator import HbmsimError, Launch, Program, Tensor, simulate
-from hbmsim.simulator.l2 import L2Cache
 from hbmsim.simulator.resources import FifoPipe, SharedPool
 
 from conftest import tiny_gpu
@@ -52,15 +51,27 @@ def test_fifo_pipe_serves_in_order():
     assert pipe.busy_s == pytest.approx(2.5)
 
 
-def test_l2_lru_write_back():
-    c = L2Cache(100)
-    assert c.access("a", 60, "A", write=True) == []                  # miss, nothing evicted
-    assert c.access("b", 30, "B", write=False) == []
-    assert c.access("a", 60, "A", write=False) is None               # hit, now most recent
-    assert c.access("c", 40, "C", write=False) == []                 # evicts b (LRU, clean)
-    assert c.access("d", 50, "D", write=False) == [("A", 60)]        # evicts dirty a
-    assert c.access("e", 500, "E", write=True) == [("E", 500)]       # bigger than the cache
-    assert c.flush() == []
+def test_l2_lru_write_back(gpu):
+    """The L2's policy (l2.py) on one block's accesses to 1-byte tensors, in a 100-byte L2."""
+    a, b, c, d, e = (Tensor(name, (1, 1, n), "bool", count_only=True)
+                     for name, n in (("A", 60), ("B", 30), ("C", 40), ("D", 50), ("E", 500)))
+    row = slice(0, 1)
+
+    def block(ctx, i):
+        yield from ctx.store(a[0], row, slice(0, 60))       # miss: allocates a dirty line, nothing evicted
+        yield from ctx.load(b[0], row, slice(0, 30))        # miss: read from HBM (90 B used)
+        yield from ctx.load(a[0], row, slice(0, 60))        # hit: A is now the most recent
+        yield from ctx.load(c[0], row, slice(0, 40))        # miss: evicts B (least recent, clean), not A
+        yield from ctx.load(b[0], row, slice(0, 30))        # miss again: evicts dirty A, written back
+        yield from ctx.store(e[0], row, slice(0, 500))      # larger than the L2: straight to HBM
+        yield from ctx.load(c[0], row, slice(0, 40))        # hit
+        yield from ctx.load(d[0], row, slice(0, 50))        # miss: evicts B (C was used since)
+    r = simulate(tiny_gpu(l2_bytes=100, l2_bytes_per_s=1e12),
+                 Program("lru", [Launch("lru", 1, 0, block)], inputs=(a, b, c, d, e)))
+    k = r.kernels[0]
+    assert {n: (t.read, t.write, t.hbm_read, t.hbm_write) for n, t in k.tensors.items()} == {
+        "A": (60, 60, 0, 60), "B": (60, 0, 60, 0), "C": (80, 0, 40, 0), "D": (50, 0, 50, 0), "E": (0, 500, 0, 500)}
+    assert [kk.name for kk in r.kernels] == ["lru"]          # nothing dirty left for the end-of-program flush
 
 
 def copy_program(n_blocks, tile_bytes_rows, sram_bytes=0, cols=4):
