@@ -154,10 +154,12 @@ def test_ctrl_c_in_a_real_process_leaves_a_valid_file(tmp_path):
             .replace("block_q = 32\nblock_kv = 32", "block_q = 16\nblock_kv = 16")
             + "[sweep]\nseq_len = [768, 769, 770, 771, 772, 773, 774, 775]\n")
     out_json = tmp_path / "r.json"
+    # (preexec_fn: a shell without job control starts background jobs with SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: give the child the default back)
     proc = subprocess.Popen([sys.executable, "-m", "hbmsim.scenarios.cli", "run", scenario(tmp_path, text),
                              "--count-only", "--full", "--json", str(out_json)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not out_json.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
