@@ -29,7 +29,7 @@ from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
-from .simpy_adapter import Inline, events_scheduled, run_to_end
+from .simpy_adapter import Inline, events_scheduled
 from .time_model import LIBRARY, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
@@ -261,7 +261,7 @@ class Machine:
         gc.disable()
         try:
             if max_events is None:
-                run_to_end(self.env)
+                self.env.run()
             else:
                 self._run_bounded(program, max_events)
         finally:

@@ -12,11 +12,10 @@
 - `Inline(env, generators)`: runs generators (a slot's blocks) as a process would, with the
   events they wait for calling them back directly instead of through a Process step.
 - `events_scheduled(env)`: how many events an environment has scheduled (SimPy numbers them).
-- `run_to_end(env)`: `env.run()` (no `until`), as one loop instead of a method call per event.
 """
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from heapq import heappush
 
 import simpy
 from simpy.events import NORMAL
@@ -119,20 +118,3 @@ def events_scheduled(env: simpy.Environment) -> int:
     """Events `env` has scheduled so far (SimPy's event counter; reading it advances it by one)."""
     return next(env._eid)
 
-
-def run_to_end(env: simpy.Environment) -> None:
-    """Process every event until none is left: what `env.run()` does by calling `env.step()`
-    once per event, written as one loop (the method call and its try blocks were a tenth of a
-    run's time). The same events in the same order: pop the earliest (time, priority, number),
-    call its callbacks, and raise a failed event's exception unless it was defused, as
-    step does (hbmsim never stops a simulation early, so StopSimulation is not handled)."""
-    queue = env._queue
-    while queue:
-        env._now, _, _, event = heappop(queue)
-        callbacks, event.callbacks = event.callbacks, None
-        for callback in callbacks:
-            callback(event)
-        if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)     # a copy with a new traceback, as step raises
-            exc.__cause__ = event._value
-            raise exc
