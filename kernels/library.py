@@ -44,7 +44,7 @@ IMPLEMENTATIONS = {"fa2": ("flash2", "fa2-kernel"), "pytorch": ("standard", "pyt
 # FLOP convention of that benchmark: forward 4 N^2 d H B (halved when causal), backward 2.5x, both 3.5x
 FLOP_FACTOR = {"forward": 1.0, "backward": 2.5, "forward+backward": 3.5}
 # nvidia-smi / torch device names -> hbmsim hardware presets
-PRESETS = {("H100", 132): "h100-sxm5-80gb", ("A100", 108): "a100-sxm4-80gb"}
+PRESETS = {("H100", 132): "h100-sxm5-80gb", ("H200", 132): "h200-sxm-141gb", ("A100", 108): "a100-sxm4-80gb"}
 
 
 def paper_flops(batch, heads, seq_len, head_dim, causal, pass_name) -> float:
