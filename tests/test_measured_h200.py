@@ -1,0 +1,126 @@
+"""The GPUs lent on 2026-11-23: an NVIDIA H200 (scenarios/measured/h200-*.json) and an H100 run
+again (scenarios/measured/repeats/h100-2026-11-23-*.json).
+
+- The h200-sxm-141gb preset: the H100's GH100 numbers where the die is the same, the datasheet's
+  HBM3e numbers, and measured fractions that equal the shipped H200 microbenchmark files exactly.
+- The H200 timing set covers the FA2 paper's grid, and `hbmsim validate` reads it with the preset.
+- The H100 repeat measured the same grid; how far the two H100 runs are apart is the measurement's
+  own spread, which the README quotes beside the model's error.
+"""
+import dataclasses
+import json
+import statistics
+
+import pytest
+
+from hbmsim.kernels import library
+from hbmsim.scenarios.experiment import HARDWARE_DIR, preset_names
+from hbmsim.scenarios.published import MEASURED_DIR, measured_names
+from hbmsim.scenarios.validate import configs_of
+from hbmsim.simulator import GPU, load_gpu
+
+TORCH_H200 = MEASURED_DIR / "h200-torch-fwd-bwd.json"
+MICRO_H200 = MEASURED_DIR / "h200-microbench.json"
+MICRO_H100 = MEASURED_DIR / "h100-microbench.json"
+TORCH_H100 = MEASURED_DIR / "h100-torch-fwd-bwd.json"
+REPEAT_H100 = MEASURED_DIR / "repeats" / "h100-2026-11-23-torch-fwd-bwd.json"
+
+# The same GH100 die, clocks, compute-capability 9.0 limits and tensor-core rates as the H100 SXM5.
+SAME_AS_H100 = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "sram_bytes_per_s_per_sm",
+                "matmul_flops_per_s", "vector_flops_per_s", "l2_bytes_per_s", "max_blocks_per_sm",
+                "registers_per_sm", "sfu_ops_per_clk_per_sm", "mma_sync_operands_serial")
+# The HBM3e, and the L2 the driver reports (60 MiB, the full die's, against the H100's 50 MiB).
+DIFFERENT_FROM_H100 = ("hbm_bytes_per_s", "hbm_capacity_bytes", "l2_bytes")
+# Measured on the H200 itself by the microbenchmarks that measured the H100's.
+MEASURED_ON_EACH = ("tensor_achievable_fraction", "hbm_stream_fraction", "mma_sync_fraction")
+
+
+def _load(path):
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_gpu(HARDWARE_DIR / "h200-sxm-141gb.toml")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_gpu(HARDWARE_DIR / "h100-sxm5-80gb.toml")
+
+
+def test_listed_and_every_field_has_a_source(h200):
+    assert h200.name == "h200-sxm-141gb" and "h200-sxm-141gb" in preset_names()
+    for f in dataclasses.fields(GPU):
+        if f.name not in ("name", "source"):
+            assert len(h200.source.get(f.name, "").strip()) > 20, f"no source for {f.name}"
+
+
+def test_fields_are_partitioned_and_the_die_is_the_h100s(h200, h100):
+    names = {f.name for f in dataclasses.fields(GPU)} - {"name", "source"}
+    assert set(SAME_AS_H100) | set(DIFFERENT_FROM_H100) | set(MEASURED_ON_EACH) == names
+    for f in SAME_AS_H100:
+        assert getattr(h200, f) == getattr(h100, f), f
+    assert h200.hbm_bytes_per_s == 4.8e12                  # datasheet, 4.8 TB/s
+    assert h200.hbm_capacity_bytes == 141_000_000_000      # datasheet, 141 GB (decimal)
+    assert h200.l2_bytes == 60 * 1024 * 1024               # cudaDeviceProp.l2CacheSize on the lent H200
+
+
+def test_measured_fractions_are_the_shipped_microbenchmarks(h200):
+    micro = _load(MICRO_H200)
+    assert micro["source"] == "measured" and micro["provenance"]["gpu"] == "NVIDIA H200"
+    res = micro["results"]
+    best_mma = max(v["flops_per_s"] for k, v in res.items() if k.startswith("mma_sync"))
+    assert h200.mma_sync_fraction == pytest.approx(best_mma / h200.matmul_flops_per_s, abs=1e-4)
+    assert h200.hbm_stream_fraction == pytest.approx(res["dram_copy"]["bytes_per_s"] / h200.hbm_bytes_per_s,
+                                                     abs=1e-4)
+    gemm = {g["n"]: g["flops_per_s"] for g in _load(TORCH_H200)["gemm"]}
+    assert h200.tensor_achievable_fraction == pytest.approx(gemm[8192] / h200.matmul_flops_per_s, abs=1e-4)
+    # the preset's L2 is what the lent part reported
+    assert _load(TORCH_H200)["provenance"]["l2_bytes"] == h200.l2_bytes
+
+
+def test_the_copy_is_the_stream_figure_on_the_h100():
+    """The H200's DRAM fraction is this project's copy benchmark; on the H100 the same benchmark
+    lands within 1% of the published STREAM triad fraction the H100 preset cites (2.97 / 3.35)."""
+    copy_h100 = _load(MICRO_H100)["results"]["dram_copy"]["bytes_per_s"]
+    assert copy_h100 / 3.35e12 == pytest.approx(2.97 / 3.35, abs=0.01)
+
+
+def test_the_h200_timing_set_covers_the_paper_grid_and_validate_reads_it():
+    doc = _load(TORCH_H200)
+    assert doc["source"] == "measured" and doc["provenance"]["gpu"] == "NVIDIA H200"
+    runs = doc["runs"]
+    assert len(runs) == 2 * 2 * 2 * 6 * 3 and doc["skipped"] == []
+    assert {r["hardware"] for r in runs} == {"h200-sxm-141gb"}
+    assert library._preset("NVIDIA H200", 132) == "h200-sxm-141gb"    # what the tool writes from now on
+    assert "h200-torch-fwd-bwd" in measured_names()
+    cfgs = configs_of(str(TORCH_H200), runs, only="pytorch", max_seq_len=512)   # head dims x masks x passes
+    assert len(cfgs) == 2 * 2 * 3 and cfgs[0][0].gpu.name == "h200-sxm-141gb"
+
+
+def _by_config(path):
+    return {(r["implementation"], r["pass"], r["workload"]["head_dim"], r["workload"]["seq_len"],
+             r["workload"]["causal"]): r["time_s"] for r in _load(path)["runs"]}
+
+
+def test_the_h100_repeat_measured_the_same_grid_within_its_spread():
+    first, again = _by_config(TORCH_H100), _by_config(REPEAT_H100)
+    assert set(first) == set(again) and len(first) == 144
+    change = [again[k] / first[k] - 1 for k in first if k[3] >= 1024]
+    # the figures the README quotes (N >= 1024, 120 runs): median +1.0%, median size 1.7%,
+    # from -22.7% to +16.6%
+    assert statistics.median(change) == pytest.approx(0.010, abs=0.001)
+    assert statistics.median(abs(c) for c in change) == pytest.approx(0.017, abs=0.001)
+    assert min(change) == pytest.approx(-0.227, abs=0.001) and max(change) == pytest.approx(0.166, abs=0.001)
+
+
+def test_the_h200_is_the_h100_where_attention_is_compute_bound():
+    """FA2 (tensor-bound) runs as fast on the H200 as on the H100; the PyTorch baseline, which moves
+    the N x N matrix through HBM, runs faster on the H200's HBM3e. Medians over N >= 1024."""
+    h100, h200 = _by_config(TORCH_H100), _by_config(TORCH_H200)
+
+    def ratio(impl, p):
+        return statistics.median(h200[k] / h100[k] for k in h100 if k[0] == impl and k[1] == p and k[3] >= 1024)
+    assert ratio("fa2", "forward+backward") == pytest.approx(1.0, abs=0.02)
+    assert ratio("pytorch", "forward+backward") < 0.85
