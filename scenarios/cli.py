@@ -351,7 +351,7 @@ def cmd_validate(args) -> int:
     points: list = []
     try:
         V.validate(refs, args.only, args.max_seq_len, None if args.quiet else V.stderr_progress, points,
-                   model=model, ablation=args.ablation)
+                   model=model, ablation=args.ablation, fast=args.fast)
     except KeyboardInterrupt:
         if points:
             print(V.report(points, refs, model) + f"\n(partial: interrupted after {len(points)} run(s))")
@@ -525,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--ablation", action="store_true",
                    help="also simulate every run with each effect of the time model off in turn, and report "
                         "how much of the measured time each one explains (takes 7x as long)")
+    v.add_argument("--fast", action="store_true",
+                   help="simulate in fast mode (steady launches folded, within 1%% of the full simulation): "
+                        "for sequences too long to simulate whole; each point says how much was simulated")
     add_without(v)
     v.set_defaults(func=cmd_validate)
     return p

@@ -11,6 +11,10 @@ Nothing here is fitted: the numbers say how far the model is off, never what a c
 With `ablation`, every run is also simulated with each effect of the time model
 (simulator/time_model.py) switched off in turn, and with all of them off (spec-sheet rates), so
 the report can say how much of the measured time each effect explains.
+
+With `fast`, each run is simulated in fast mode (runner.run_config: long inner loops several
+tiles a step, steady launches folded; within 1% of the full simulation where both were compared),
+for sequences too long to simulate whole; each point keeps the fraction of blocks simulated.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ class Point:
     predicted_s: float
     measured_s: float
     ablation: dict | None = None     # {"without <effect>" | "all off": predicted time (s)}
+    simulated_fraction: float = 1.0  # fast mode: the share of the run's blocks simulated (the rest folded)
 
     @property
     def error(self) -> float:
@@ -96,10 +101,11 @@ def ablation_models(model: TimeModel) -> dict:
 
 def validate(refs: list, only: str | None = None, max_seq_len: int | None = None,
              progress=None, points: list | None = None, model: TimeModel | None = None,
-             ablation: bool = False) -> list[Point]:
+             ablation: bool = False, fast: bool = False) -> list[Point]:
     """Simulate every kept run of the measured files `refs` with `model` (default: every effect
-    on), and with `ablation` also without each effect; returns the points (appended to `points`
-    as they finish, so that a caller keeps them through an error or Ctrl-C)."""
+    on), and with `ablation` also without each effect, in fast mode with `fast`; returns the
+    points (appended to `points` as they finish, so that a caller keeps them through an error or
+    Ctrl-C)."""
     model = TimeModel() if model is None else model
     others = ablation_models(model) if ablation else {}
     points = [] if points is None else points
@@ -111,23 +117,25 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     if not plan:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     exp = prepare(Experiment("validate", "validate", plan[0][0].gpu, [cfg for cfg, _ in plan]))
-    total_s = (1 + len(others)) * sum(estimated_wall_s(cfg) for cfg in exp.configs)
+    # (fast mode: no estimate; the step count is an upper bound, and folding usually skips most of it)
+    total_s = None if fast else (1 + len(others)) * sum(estimated_wall_s(cfg) for cfg in exp.configs)
     if progress:
         progress(0, len(plan), None, total_s)
     for i, (cfg, (_, r)) in enumerate(zip(exp.configs, plan)):
         t0 = time.perf_counter()
         pass_name = r.get("pass", "forward")
 
-        def time_with(m: TimeModel) -> float:       # the measured pass's predicted time under model m
-            return next(res["time_s"] for res in run_config(cfg, count_only=True, model=m) if res["pass"] == pass_name)
-        predicted = time_with(model)
-        without = {label: time_with(m) for label, m in others.items()}
+        def simulate(m: TimeModel) -> dict:         # the measured pass's result under model m
+            return next(res for res in run_config(cfg, count_only=True, model=m, fast=fast) if res["pass"] == pass_name)
+        res = simulate(model)
+        predicted = res["time_s"]
+        without = {label: simulate(m)["time_s"] for label, m in others.items()}
         wl = cfg.workload
         impl = r.get("implementation") or f"{cfg.run.algorithm} {r.get('variant', '')}".strip()
         label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads} N={wl.seq_len_q}"
                  + (" causal" if wl.causal else ""))
         point = Point((impl, r["hardware"], pass_name), wl.seq_len_q, label, predicted, r["time_s"],
-                      without or None)
+                      without or None, res.get("simulated_fraction", 1.0))
         points.append(point)
         if progress:
             progress(i + 1, len(plan), point, time.perf_counter() - t0)
@@ -189,6 +197,11 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     errs = [abs(p.error) for p in points]
     lines += ["", f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "
                   f"worst {100 * max(errs):.0f}%"]
+    folded = [p.simulated_fraction for p in points if p.simulated_fraction < 1]
+    if folded:
+        lines.append(f"fast mode: {len(folded)} of the {len(points)} runs folded, {100 * min(folded):.1f}% to "
+                     f"{100 * max(folded):.1f}% of their blocks simulated and the rest extrapolated "
+                     "(simulator/fold.py)")
     if points[0].ablation:
         lines += ["", ablation_report(points)]
     return "\n".join(lines)
@@ -215,8 +228,10 @@ def plot(points: list, path: str | Path, source: str, model: TimeModel | None = 
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
            ylabel=f"{kind} (ms)")
-    ax.set_title(f"Time per run: predicted by hbmsim (time model: {(model or TimeModel()).describe()}) "
-                 f"vs {kind}\n" + textwrap.fill(source, 90), fontsize=9)
+    fast = "fast mode, folded; " if any(p.simulated_fraction < 1 for p in points) else ""
+    ax.set_title(textwrap.fill(f"Time per run: predicted by hbmsim ({fast}time model: "
+                               f"{(model or TimeModel()).describe()}) vs {kind}", 90)
+                 + "\n" + textwrap.fill(source, 90), fontsize=9)
     for axis in (ax.xaxis, ax.yaxis):           # ticks at 1, 2, 5 x 10^k, written as plain numbers
         axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -230,15 +245,18 @@ def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str
     return json.dumps({"complete": complete, "time_model": (model or TimeModel()).describe(), "points": [
         {"implementation": p.family[0], "hardware": p.family[1], "pass": p.family[2], "seq_len": p.seq_len,
          "label": p.label, "predicted_time_s": p.predicted_s, "measured_time_s": p.measured_s,
-         "error": p.error, **({"ablation_time_s": p.ablation} if p.ablation else {})} for p in points]},
+         "error": p.error, "simulated_fraction": p.simulated_fraction,
+         **({"ablation_time_s": p.ablation} if p.ablation else {})} for p in points]},
         indent=1) + "\n"
 
 
-def stderr_progress(i: int, n: int, point, wall_or_total_s: float) -> None:
+def stderr_progress(i: int, n: int, point, wall_or_total_s: float | None) -> None:
     if point is None:
-        print(f"validate: {n} run(s) to simulate, roughly {wall_or_total_s / 60:.0f} min (estimated)",
-              file=sys.stderr, flush=True)
+        how_long = "in fast mode" if wall_or_total_s is None else f"roughly {wall_or_total_s / 60:.0f} min (estimated)"
+        print(f"validate: {n} run(s) to simulate, {how_long}", file=sys.stderr, flush=True)
         return
+    folded = (f", {100 * point.simulated_fraction:.1f}% of the blocks simulated"
+              if point.simulated_fraction < 1 else "")
     print(f"[{i}/{n}] {point.label}: predicted {point.predicted_s * 1e3:.3g} ms, measured "
-          f"{point.measured_s * 1e3:.3g} ms ({100 * point.error:+.0f}%), {wall_or_total_s:.1f} s wall",
+          f"{point.measured_s * 1e3:.3g} ms ({100 * point.error:+.0f}%), {wall_or_total_s:.1f} s wall{folded}",
           file=sys.stderr, flush=True)

@@ -97,6 +97,26 @@ def test_bad_measured_file_is_one_line(tmp_path, capsys, change, message):
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
+def test_validate_fast_folds_a_long_run_and_says_so(tmp_path, capsys):
+    """`--fast` simulates in fast mode (for sequences too long to simulate whole) and every point,
+    report and plot says how much was simulated. One measured H100 run: FA2 forward, d 128, 16 heads,
+    N = 65536 (scenarios/measured/long/), measured 104.9 ms."""
+    doc = json.loads((MEASURED_DIR / "long" / "h100-2026-11-23-torch-long.json").read_text())
+    run = next(r for r in doc["runs"] if r["pass"] == "forward" and r["workload"]["head_dim"] == 128
+               and r["workload"]["seq_len"] == 65536 and not r["workload"]["causal"])
+    one, out_json, png = tmp_path / "one.json", tmp_path / "v.json", tmp_path / "v.png"
+    one.write_text(json.dumps({**doc, "runs": [run]}))
+    assert main(["validate", str(one), "--fast", "--quiet", "--json", str(out_json), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    (p,) = json.loads(out_json.read_text())["points"]
+    # 4 N^2 d H = 3.52e13 FLOPs (two GEMMs of 2 N^2 d a head), predicted at 311 TFLOP/s
+    assert p["predicted_time_s"] == pytest.approx(0.11312, rel=1e-3)
+    assert p["measured_time_s"] == pytest.approx(0.10485, rel=1e-3)
+    assert 0.1 < p["simulated_fraction"] < 0.3          # 19.4% of the blocks simulated, the rest folded
+    assert "fast mode: 1 of the 1 runs folded, 19.4% to 19.4% of their blocks simulated" in text
+    assert png.stat().st_size > 10_000
+
+
 def test_nothing_left_to_validate_is_one_line(capsys):
     assert main(["validate", "fa2-paper-fwd-bwd", "--only", "no-such-thing"]) == 2
     assert "no run left to simulate" in capsys.readouterr().err
