@@ -151,3 +151,16 @@ def test_the_model_predicts_the_h200_against_the_h100_from_the_datasheets():
     f200, _ = _simulated_and_measured(TORCH_H200, "fa2", "forward", 128, 1024)
     f100, _ = _simulated_and_measured(REPEAT_H100, "fa2", "forward", 128, 1024)
     assert f200 / f100 == pytest.approx(1.0, abs=0.002)
+
+
+def test_nsight_on_the_h200_shows_the_operand_reads_and_the_mma_adding_up(h200):
+    """mma_sync_operands_serial = 1 on the H200 rests on its own Nsight run: in FA2's forward
+    (d 128, N = 4096) the tensor pipe and the shared-memory pipe are busy 105% of the cycles
+    together, so they cannot have overlapped much, as on the H100 (56.7% + 48.2%)."""
+    (run,) = _load(MEASURED_DIR / "h200-ncu-kernels.json")["runs"]
+    (k,) = [k for k in run["kernels"] if "flash_fwd_kernel" in k["name"]]
+    tensor = k["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
+    shared = k["shared_pipe_busy_pct"]
+    assert tensor == pytest.approx(56.68, abs=0.01) and shared == pytest.approx(48.30, abs=0.01)
+    assert tensor + shared > 100 and h200.mma_sync_operands_serial == 1
+    assert k["launch__registers_per_thread"] == 255        # FA2_KERNEL_REGISTERS_PER_THREAD, as on the H100
