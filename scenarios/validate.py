@@ -135,7 +135,7 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
         label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads} N={wl.seq_len_q}"
                  + (" causal" if wl.causal else ""))
         point = Point((impl, r["hardware"], pass_name), wl.seq_len_q, label, predicted, r["time_s"],
-                      without or None, res.get("simulated_fraction", 1.0))
+                      without or None, res["simulated_fraction"])
         points.append(point)
         if progress:
             progress(i + 1, len(plan), point, time.perf_counter() - t0)

@@ -38,6 +38,11 @@ def h100():
     return load_gpu(HARDWARE_DIR / "h100-sxm5-80gb.toml")
 
 
+@pytest.fixture(scope="session")
+def h200():
+    return load_gpu(HARDWARE_DIR / "h200-sxm-141gb.toml")
+
+
 def seed_case(dtype="fp32"):
     wl = Workload(1, 1, 4, 4, 4, dtype=dtype, scale=1.0)
     return wl, AttentionData(SEED_Q[None, None].copy(), SEED_K[None, None].copy(), SEED_V[None, None].copy())

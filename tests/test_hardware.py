@@ -7,7 +7,7 @@ from hbmsim.scenarios.experiment import HARDWARE_DIR, preset_names
 from hbmsim.simulator import GPU, HbmsimError, load_gpu
 
 
-@pytest.mark.parametrize("name", ["a100-sxm4-40gb", "h100-sxm5-80gb"])
+@pytest.mark.parametrize("name", preset_names())
 def test_preset_every_number_has_a_source(name):
     gpu = load_gpu(HARDWARE_DIR / f"{name}.toml")
     assert gpu.name == name
@@ -17,7 +17,7 @@ def test_preset_every_number_has_a_source(name):
 
 
 def test_presets_listed():
-    assert {"a100-sxm4-40gb", "h100-sxm5-80gb"} <= set(preset_names())
+    assert {"a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"} <= set(preset_names())
 
 
 def test_a100_spec_sheet_numbers(a100):

@@ -14,10 +14,9 @@ import statistics
 import pytest
 
 from hbmsim.kernels import library
-from hbmsim.scenarios.experiment import HARDWARE_DIR, preset_names
 from hbmsim.scenarios.published import MEASURED_DIR, measured_names
 from hbmsim.scenarios.validate import configs_of
-from hbmsim.simulator import GPU, load_gpu
+from hbmsim.simulator import GPU
 
 TORCH_H200 = MEASURED_DIR / "h200-torch-fwd-bwd.json"
 MICRO_H200 = MEASURED_DIR / "h200-microbench.json"
@@ -39,21 +38,7 @@ def _load(path):
     return json.loads(path.read_text())
 
 
-@pytest.fixture(scope="module")
-def h200():
-    return load_gpu(HARDWARE_DIR / "h200-sxm-141gb.toml")
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return load_gpu(HARDWARE_DIR / "h100-sxm5-80gb.toml")
-
-
-def test_listed_and_every_field_has_a_source(h200):
-    assert h200.name == "h200-sxm-141gb" and "h200-sxm-141gb" in preset_names()
-    for f in dataclasses.fields(GPU):
-        if f.name not in ("name", "source"):
-            assert len(h200.source.get(f.name, "").strip()) > 20, f"no source for {f.name}"
+# (every field's source, and the preset being listed: tests/test_hardware.py, for every preset)
 
 
 def test_fields_are_partitioned_and_the_die_is_the_h100s(h200, h100):
