@@ -29,7 +29,7 @@ from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
-from .simpy_adapter import Inline, events_scheduled
+from .simpy_adapter import Inline, events_scheduled, run_events
 from .time_model import LIBRARY, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
@@ -210,10 +210,12 @@ class Machine:
                     ctx.kernel = fold.records[-1]          # the block counts into its unit's record
                 ctx.block = b
                 state.next_block = b + 1
-                start_s = self.env.now
-                yield block_fn(ctx, ctx.block)
-                if recorder is not None:
-                    recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
+                if recorder is None:
+                    yield block_fn(ctx, b)
+                else:
+                    start_s = self.env.now
+                    yield block_fn(ctx, b)
+                    recorder.block(sm, k.name, b, start_s, self.env.now)
                 if progress is not None:
                     self.blocks_done += 1
                     progress(self.blocks_done, self.blocks_total)
@@ -260,10 +262,8 @@ class Machine:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            if max_events is None:
-                self.env.run()
-            else:
-                self._run_bounded(program, max_events)
+            if not run_events(self.env, max_events):
+                raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
         finally:
             if collecting:
                 gc.enable()
@@ -275,16 +275,6 @@ class Machine:
             kernels=self.kernels, sim_events=events,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )
-
-
-    def _run_bounded(self, program: Program, max_events: int) -> None:
-        env = self.env
-        for _ in range(max_events):
-            if env.peek() == math.inf:
-                return
-            env.step()
-        if env.peek() != math.inf:
-            raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
 
 
 def program_footprint_bytes(program: Program) -> int:

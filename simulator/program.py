@@ -85,7 +85,7 @@ class BlockContext:
         ev, l2_done_s = self._issue(tiles, False)
         if ev is not None:
             yield ev
-        now = self._m.env.now
+        now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
         if not self._with_data:                  # count-only: none of the tensors has data
@@ -102,7 +102,7 @@ class BlockContext:
         tiles, ev, l2_done_s = handle
         if ev is not None and ev.callbacks is not None:     # not processed yet
             yield ev
-        now = self._m.env.now
+        now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
         if not self._with_data:                  # count-only: none of the tensors has data
@@ -162,11 +162,11 @@ class BlockContext:
         known = self._tensors
         l2 = m.l2
         if l2 is not None:
-            lines, capacity = l2.lines, l2.capacity_bytes
+            lines, capacity, used, inserted = l2.lines, l2.capacity_bytes, l2.used_bytes, 0
         trace = m.trace
         hbm_bytes = l2_bytes = writeback_bytes = 0
-        t_prev = None
-        for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
+        t_prev = wb_owner = None                      # (the owner whose lines were last written back, and
+        for w in ((write, True) if also_write else (write,)):     # its counters) an atomic reads, then writes
             for tile in tiles:
                 view, rows, cols = tile[0], tile[1], tile[2]
                 t = view.tensor
@@ -182,48 +182,61 @@ class BlockContext:
                     traffic.write += nbytes
                 else:
                     traffic.read += nbytes
-                if l2 is None:
+                if l2 is None:                          # every byte is DRAM's
                     from_hbm = True
-                else:                                   # the L2's policy (l2.py)
-                    key = (uid, view.group, r0, r1, c0, c1)
-                    line = lines.get(key)
-                    if line is not None:                # hit: now the most recent; a store dirties it
-                        lines.move_to_end(key)
-                        if w:
-                            line[1] = True
-                            line[2] = owner
-                        from_hbm = False
-                    elif nbytes > capacity:             # larger than the L2: streams through
-                        from_hbm = not w
-                        if w:                           # (a store goes to HBM now, as a write-back)
-                            traffic.hbm_write += nbytes
-                            writeback_bytes += nbytes
-                    else:                               # miss: a load reads HBM, a store allocates
-                        from_hbm = not w
-                        used = l2.used_bytes + nbytes
-                        while used > capacity:          # evict least recently used lines until it fits
-                            old_bytes, dirty, old_owner = lines.popitem(False)[1]
-                            used -= old_bytes
-                            if dirty:                   # written back, credited to its owner tensor
-                                (kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])).hbm_write \
-                                    += old_bytes
-                                writeback_bytes += old_bytes
-                        lines[key] = [nbytes, w, owner]
-                        l2.used_bytes = used
-                        l2.inserted_bytes += nbytes
-                if from_hbm:
                     hbm_bytes += nbytes
                     if w:
                         traffic.hbm_write += nbytes
                     else:
                         traffic.hbm_read += nbytes
-                else:
+                    if trace is not None:
+                        self._trace_tile(view, w, r0, r1, c0, c1, nbytes, True)
+                    continue
+                # the L2's policy (l2.py)
+                key = (uid, view.group, r0, r1, c0, c1)
+                line = lines.get(key)
+                if line is not None:                    # hit: now the most recent; a store dirties it
+                    lines.move_to_end(key)
+                    if w:
+                        line[1] = True
+                        line[2] = owner
+                    from_hbm = False
                     l2_bytes += nbytes
+                elif nbytes > capacity:                 # larger than the L2: streams through
+                    if w:                               # (a store goes to HBM now, as a write-back)
+                        from_hbm = False
+                        l2_bytes += nbytes
+                        traffic.hbm_write += nbytes
+                        writeback_bytes += nbytes
+                    else:
+                        from_hbm = True
+                        hbm_bytes += nbytes
+                        traffic.hbm_read += nbytes
+                else:                                   # miss: a load reads HBM, a store allocates
+                    used += nbytes
+                    while used > capacity:              # evict least recently used lines until it fits
+                        old_bytes, dirty, old_owner = lines.popitem(False)[1]
+                        used -= old_bytes
+                        if dirty:                       # written back, credited to its owner tensor
+                            if old_owner is not wb_owner:
+                                wb_owner = old_owner
+                                wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
+                            wb_traffic.hbm_write += old_bytes
+                            writeback_bytes += old_bytes
+                    lines[key] = [nbytes, w, owner]
+                    inserted += nbytes
+                    if w:
+                        from_hbm = False
+                        l2_bytes += nbytes
+                    else:
+                        from_hbm = True
+                        hbm_bytes += nbytes
+                        traffic.hbm_read += nbytes
                 if trace is not None:
-                    where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
-                    trace(m.env.now, self.sm, kernel.name, self.block,
-                          f"{'store' if w else 'load '} {t.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
-                          f"{nbytes} B ({where})")
+                    self._trace_tile(view, w, r0, r1, c0, c1, nbytes, from_hbm)
+        if l2 is not None:
+            l2.used_bytes = used
+            l2.inserted_bytes += inserted
         if writeback_bytes:
             # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
             # store they use bandwidth and the kernel ends only when they have drained.
@@ -233,6 +246,14 @@ class BlockContext:
         if m.recorder is not None:
             self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
         return hbm_ev, l2_done_s
+
+    def _trace_tile(self, view: TensorView, w: bool, r0: int, r1: int, c0: int, c1: int, nbytes: int,
+                    from_hbm: bool) -> None:
+        """One line of the trace for one tile moved."""
+        where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
+        self._m.trace(self._m.env.now, self.sm, self.kernel.name, self.block,
+                      f"{'store' if w else 'load '} {view.tensor.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
+                      f"{nbytes} B ({where})")
 
     def _tensor(self, t: Tensor) -> tuple:
         """What _issue needs of tensor `t`, found once per kernel record: its rows and columns,
@@ -263,7 +284,7 @@ class BlockContext:
         Returns the event to wait for (none when the SM is done already)."""
         m = self._m
         done_s = m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
-        now = m.env.now
+        now = m.env._now
         return (self._after(done_s - now),) if done_s > now else ()
 
     def note(self, what: str, **values) -> None:
@@ -278,7 +299,7 @@ class BlockContext:
         run back to back on this SM: the same time as calling `compute` for each, in one event
         (returned to wait for, as `compute` does)."""
         m = self._m
-        now = done_s = m.env.now
+        now = done_s = m.env._now
         for ph in phases:
             done_s = m.compute(self, int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
                                int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0)))

@@ -89,7 +89,7 @@ class SharedPool:
             self._fire_after(ev, 0.0)
             return ev
         self.requests += 1
-        now = env.now
+        now = env._now               # (SimPy's clock: env.now without the property call)
         n = self._in_flight
         if n:                        # _advance(now)
             dt = now - self._last_s
@@ -137,7 +137,7 @@ class SharedPool:
             return  # superseded by an earlier wake-up
         self._wake_event = self._wake_at_s = None
         self.wakes += 1
-        now = self.env.now
+        now = self.env._now
         heads, rate = self._heads, self.rate_per_s
         n = self._in_flight
         if n:                        # _advance(now)
@@ -184,7 +184,7 @@ class FifoPipe:
 
     def reserve(self, amount: float) -> float:
         """Queue a request without an event of its own; returns when it will be served."""
-        now = self.env.now
+        now = self.env._now
         service_s = amount / self.rate_per_s
         free_at_s = self._free_at_s
         free_at_s = (free_at_s if free_at_s > now else now) + service_s     # starts when free, or now
