@@ -85,6 +85,7 @@ class Machine:
         self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
         self.live_bytes = 0
+        self.columns: dict = {}       # id of a row's column slices -> what BlockContext._issue_rows needs of them
 
     # ---- what contexts call -------------------------------------------------------------
     def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int, exp_ops: int) -> float:

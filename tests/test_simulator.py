@@ -2,9 +2,12 @@
 import numpy as np
 import pytest
 import simpy
+from hypothesis import given, settings, strategies as st
 
 from hbmsim.simulator import HbmsimError, Launch, Program, Tensor, simulate
+from hbmsim.simulator.program import BlockContext
 from hbmsim.simulator.resources import FifoPipe, SharedPool
+from hbmsim.simulator.simpy_adapter import run_events
 
 from conftest import tiny_gpu
 
@@ -167,3 +170,141 @@ def test_l2_sees_reuse_across_standard_attention_kernels():
     assert t["P"].read == 131072 and t["P"].hbm_read == 0
     assert t["S"].hbm_write == 131072 and t["P"].hbm_write == 131072
     assert t["Q"].hbm_read == t["K"].hbm_read == t["V"].hbm_read == 256 * 64 * 2   # compulsory only
+
+
+# ---- rows of tiles (load_rows / store_rows): the same as the tiles one by one ------------------------
+
+ROW_CHUNKS = (                                             # column slices of a 16-column tensor
+    tuple(slice(c, c + 4) for c in range(0, 16, 4)),       # a full row of 4-wide tiles
+    (slice(0, 8), slice(8, 16)),                           # two 8-wide tiles
+    (slice(2, 6), slice(4, 12), slice(12, 13)),            # overlapping and ragged (different lines)
+    [slice(0, 4), slice(0, 4)],                            # one tile twice (a list: not remembered)
+)
+
+
+def rows_program(panels, by_rows: bool, numeric: bool) -> Program:
+    """Block i loads panel i's row of tiles of X (load_rows, or load_tiles of the same tiles), then
+    stores them to Y and, when asked, back to X (dirtying X's lines)."""
+    rng = np.random.default_rng(0)
+    x = Tensor("X", (2, 16, 16), "fp16", data=rng.random((2, 16, 16)) if numeric else None, count_only=not numeric)
+    y = Tensor("Y", (2, 16, 16), "fp16", count_only=not numeric)
+
+    def block(ctx, i):
+        g, r0, n_rows, chunking, rewrite = panels[i]
+        rows, chunks = slice(r0, min(16, r0 + n_rows)), ROW_CHUNKS[chunking]
+        if by_rows:
+            (tiles,) = yield from ctx.load_rows((x[g], rows, chunks))
+        else:
+            tiles = yield from ctx.load_tiles(*[(x[g], rows, c) for c in chunks])
+        yield from ctx.compute(vector_flops=8)
+        targets = [y[g]] + ([x[g]] if rewrite else [])
+        if by_rows:
+            yield from ctx.store_rows(*[(t, rows, chunks, None if not numeric else tiles) for t in targets])
+        else:
+            yield from ctx.store_tiles(*[(t, rows, c, v) for t in targets for c, v in zip(chunks, tiles)])
+    return Program("rows", [Launch("rows", len(panels), 0, block, allocs=(y,))], inputs=(x,),
+                   outputs={"X": x, "Y": y})
+
+
+@settings(max_examples=150, deadline=None)
+@given(l2_bytes=st.sampled_from([0, 24, 64, 96, 256, 1 << 20]), slots=st.sampled_from([1, 3, 32]),
+       numeric=st.booleans(),
+       panels=st.lists(st.tuples(st.integers(0, 1), st.sampled_from([0, 2, 8, 14]), st.sampled_from([1, 2, 4]),
+                                 st.integers(0, len(ROW_CHUNKS) - 1), st.booleans()), min_size=1, max_size=24))
+def test_rows_of_tiles_count_and_time_exactly_as_the_tiles_one_by_one(l2_bytes, slots, numeric, panels):
+    """load_rows / store_rows take a shortcut when a row's tiles all hit or all miss the L2: the
+    counters, the L2's write-backs, every kernel's times, the event count and the data must be
+    those of load_tiles / store_tiles of the same tiles, whatever the L2 (none, smaller than a
+    tile, a few tiles, all of them), the blocks in flight together (one at a time: an exact
+    sequence of accesses, where a wrong LRU order shows) and the mix of hits and misses."""
+    gpu = tiny_gpu(l2_bytes=l2_bytes, l2_bytes_per_s=1e12 if l2_bytes else 0.0, sm_count=1, max_blocks_per_sm=slots)
+    tiles, rows = (simulate(gpu, rows_program(panels, by, numeric)) for by in (False, True))
+    assert rows.kernels == tiles.kernels              # counters and times of every kernel (and the flush)
+    assert rows.sim_events == tiles.sim_events
+    for name in ("X", "Y"):
+        if numeric:
+            np.testing.assert_array_equal(rows.outputs[name], tiles.outputs[name])
+        else:
+            assert rows.outputs[name] is None and tiles.outputs[name] is None
+
+
+def test_rows_shortcut_is_taken_and_counts_a_hand_worked_row(monkeypatch):
+    """A 48-byte L2 holds Y's first three 2 x 4 fp16 tiles (16 B each), dirty. A row of X's first
+    three tiles (48 B) then misses whole: all three Y lines are evicted and written back (48 B of
+    Y's DRAM writes), and X's 48 B are read from DRAM. Neither row goes tile by tile."""
+    x = Tensor("X", (1, 2, 16), "fp16", count_only=True)
+    y = Tensor("Y", (1, 2, 16), "fp16", count_only=True)
+    row, chunks = slice(0, 2), ROW_CHUNKS[0][:3]
+    one_by_one = []
+    count = BlockContext._count
+    monkeypatch.setattr(BlockContext, "_count",
+                        lambda self, tiles, w: one_by_one.append(tiles) or count(self, tiles, w))
+
+    def fill(ctx, i):
+        yield from ctx.store_rows((y[0], row, chunks, None))
+
+    def load(ctx, i):
+        yield from ctx.load_rows((x[0], row, chunks))
+    r = simulate(tiny_gpu(l2_bytes=48, l2_bytes_per_s=1e12),
+                 Program("rows", [Launch("fill", 1, 0, fill), Launch("load", 1, 0, load)], inputs=(x, y)))
+    fill_k, load_k = r.kernels
+    assert (fill_k.tensors["Y"].write, fill_k.tensors["Y"].hbm_write) == (48, 0)     # allocated in the L2
+    assert (load_k.tensors["X"].read, load_k.tensors["X"].hbm_read) == (48, 48)      # all three miss
+    assert load_k.tensors["Y"].hbm_write == 48                                       # Y's lines written back
+    assert one_by_one == []
+
+
+# ---- the event loop -----------------------------------------------------------------------------------
+
+def simpy_model(log: list):
+    """Three processes with timeouts, same-time events and one waiting on another's event."""
+    env = simpy.Environment()
+    signal = env.event()
+
+    def worker(name, delays):
+        for d in delays:
+            yield env.timeout(d)
+            log.append((env.now, name))
+        if name == "a":
+            signal.succeed("from a")
+
+    def waiter():
+        value = yield signal
+        log.append((env.now, "waiter", value))
+    for name, delays in (("a", [1, 1, 2]), ("b", [2, 0, 2]), ("c", [0.5, 1.5, 2])):
+        env.process(worker(name, delays))
+    env.process(waiter())
+    return env
+
+
+def test_run_events_processes_events_as_env_run_does():
+    expected, got = [], []
+    simpy_model(expected).run()
+    env = simpy_model(got)
+    assert run_events(env) is True
+    assert got == expected and env.now == 4.0
+    assert got[-1] == (4.0, "waiter", "from a")
+
+
+def test_run_events_stops_after_max_events_and_goes_on():
+    expected, got = [], []
+    simpy_model(expected).run()
+    env = simpy_model(got)
+    assert run_events(env, 5) is False and len(got) < len(expected)
+    assert run_events(env) is True and got == expected
+
+
+def test_run_events_raises_a_failure_nobody_handled_as_env_run_does():
+    def model():
+        env = simpy.Environment()
+
+        def broken():
+            yield env.timeout(1)
+            raise ValueError("broken at t = 1")
+        env.process(broken())
+        return env
+    with pytest.raises(ValueError, match="broken at t = 1") as by_simpy:
+        model().run()
+    with pytest.raises(ValueError, match="broken at t = 1") as ours:
+        run_events(model())
+    assert type(ours.value.__cause__) is type(by_simpy.value.__cause__) is ValueError
