@@ -55,12 +55,13 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
     itemsize = A.itemsize
     numeric = A.data is not None
     k_steps = [slice(k0, min(kdim, k0 + tk)) for k0 in range(0, kdim, tk)]     # the same for every block
+    row_tiles = [slice(r0, min(m, r0 + tm)) for r0 in range(0, m, tm)]        # C's tile rows, then columns
+    col_tiles = [slice(c0, min(n, c0 + tn)) for c0 in range(0, n, tn)]
 
     def block(ctx, index):
         g, rest = divmod(index, tiles_m * tiles_n)
         mi, ni = divmod(rest, tiles_n)
-        rows = slice(mi * tm, min(m, (mi + 1) * tm))
-        cols = slice(ni * tn, min(n, (ni + 1) * tn))
+        rows, cols = row_tiles[mi], col_tiles[ni]
         rm, cn = rows.stop - rows.start, cols.stop - cols.start
         acc = np.zeros((rm, cn)) if numeric else None
         a_g, b_g = A[g], B[g]

@@ -37,7 +37,8 @@ class LaunchState:
     """What one running launch's block slots share: the next block to hand out, how many slots
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold")
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "_tensors",
+                 "with_data")
 
     def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY):
         self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
@@ -48,6 +49,16 @@ class LaunchState:
         self.drain_s = 0.0               # when the last store queued at L2 is served
         self.drained = None              # fired when `stores` reaches 0, if the kernel waits
         self.fold = None                 # a fold.LaunchFold when this launch may be folded
+        self._tensors: dict = {}         # id of a kernel record -> (record, what its contexts know of each tensor)
+        self.with_data = False           # whether a tensor the launch touched has data (else: count-only)
+
+    def tensors_of(self, kernel: KernelResult) -> dict:
+        """The launch's contexts' shared notes on each tensor (BlockContext._tensor), for the
+        kernel record `kernel` (a launch's records live until it ends: their ids stay theirs)."""
+        entry = self._tensors.get(id(kernel))
+        if entry is None or entry[0] is not kernel:
+            entry = self._tensors[id(kernel)] = (kernel, {})
+        return entry[1]
 
     def track_store(self, hbm_ev, l2_done_s: float) -> None:
         """A store (or atomic, or write-back) nobody waits on: the kernel ends only after it."""

@@ -77,15 +77,13 @@ class BlockContext:
     the loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
     called and return the events to wait for (none, or one), cheaper than a generator."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of", "_with_data")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of")
 
     def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: "LaunchState"):
         self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
         self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
-        # per tensor, what _issue needs of it for `self.kernel`: see _tensor
-        self._tensors: dict = {}
-        self._tensors_of = kernel
-        self._with_data = False               # whether a tensor this context has touched has data
+        # per tensor, what _issue needs of it for `self.kernel` (shared by the launch's contexts): see _tensor
+        self._tensors, self._tensors_of = launch_state.tensors_of(kernel), kernel
 
     def load(self, view: TensorView, rows: slice, cols: slice):
         """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
@@ -102,7 +100,7 @@ class BlockContext:
         now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
-        if not self._with_data:                  # count-only: none of the tensors has data
+        if not self._launch.with_data:           # count-only: none of the tensors has data
             return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
@@ -117,7 +115,7 @@ class BlockContext:
         now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
-        if not self._with_data:                  # count-only: none of the tensors has data
+        if not self._launch.with_data:           # count-only: none of the tensors has data
             return [[None] * len(r[2]) for r in rows]
         return [[None if v.tensor.data is None else v.tensor.data[v.group, rs, c].copy() for c in cols]
                 for v, rs, cols in rows]
@@ -135,7 +133,7 @@ class BlockContext:
         now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
-        if not self._with_data:                  # count-only: none of the tensors has data
+        if not self._launch.with_data:           # count-only: none of the tensors has data
             return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
@@ -221,8 +219,8 @@ class BlockContext:
         request nobody waits on)."""
         m = self._m
         kernel = self.kernel
-        if kernel is not self._tensors_of:        # the worker switched records (fold.py): start over
-            self._tensors, self._tensors_of = {}, kernel
+        if kernel is not self._tensors_of:        # the worker switched records (fold.py)
+            self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
         known = self._tensors
         l2 = m.l2
         if l2 is not None:
@@ -315,8 +313,8 @@ class BlockContext:
         if l2 is None or m.trace is not None:
             return self._issue([(r[0], r[1], c) for r in rows for c in r[2]], write)
         kernel = self.kernel
-        if kernel is not self._tensors_of:        # the worker switched records (fold.py): start over
-            self._tensors, self._tensors_of = {}, kernel
+        if kernel is not self._tensors_of:        # the worker switched records (fold.py)
+            self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
         known, lines, capacity, columns = self._tensors, l2.lines, l2.capacity_bytes, m.columns
         hbm_bytes = l2_bytes = writeback_bytes = 0
         for row in rows:
@@ -389,13 +387,13 @@ class BlockContext:
                       f"{nbytes} B ({where})")
 
     def _tensor(self, t: Tensor) -> tuple:
-        """What _issue needs of tensor `t`, found once per kernel record: its rows and columns,
-        bytes per element and L2 id, the kernel's counters for it (made at its first access, as
-        before) and the owner of its L2 lines (tensor, pass)."""
+        """What _issue needs of tensor `t`, found once per kernel record (by the launch's first
+        context to touch it): its rows and columns, bytes per element and L2 id, the kernel's
+        counters for it (made at its first access) and the owner of its L2 lines (tensor, pass)."""
         kernel = self.kernel
         _, n_rows, n_cols = t.shape
         if t.data is not None:
-            self._with_data = True
+            self._launch.with_data = True
         info = self._tensors[t] = (n_rows, n_cols, t.itemsize, t.uid,
                                    kernel.tensors.get(t.name) or kernel.traffic(t.name), (t.name, kernel.pass_name))
         return info

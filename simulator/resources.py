@@ -60,15 +60,19 @@ class SharedPool:
         self._fifos: dict = {}       # request size -> deque of (finish tag, seq, event), in arrival order
         self._heads: list = []       # heap of (finish tag, seq, deque): the head of each non-empty deque
         self._in_flight = 0          # requests in flight (n)
-        self._seq = 0
+        self._seq = 0                # requests with work so far (each costs O(1) events): `requests`
         self._wake_at_s = None       # time of the pending wake-up, if any
         self._wake_event = None      # the pending wake-up itself: only it may act
         self.busy_s = 0.0            # time with at least one request in flight
         self.served = 0.0            # total work served
-        self.requests = 0            # requests with work (each costs O(1) events)
         self.wakes = 0               # wake-ups that acted (for the liveness tests)
         self._after = timers(env)    # schedules a wake-up (an env.timeout, cheaper)
         self._fire_after = schedulers(env)    # schedules a request's completion
+
+    @property
+    def requests(self) -> int:
+        """Requests with work so far (each costs O(1) SimPy events)."""
+        return self._seq
 
     def _advance(self, now: float) -> None:
         """Bring the virtual clock up to `now`: each of the n requests in flight got rate/n.
@@ -88,25 +92,26 @@ class SharedPool:
         if amount <= 0:
             self._fire_after(ev, 0.0)
             return ev
-        self.requests += 1
         now = env._now               # (SimPy's clock: env.now without the property call)
         n = self._in_flight
         if n:                        # _advance(now)
             dt = now - self._last_s
-            self._virtual += dt * self.rate_per_s / n
+            tag = self._virtual = self._virtual + dt * self.rate_per_s / n
             self.busy_s += dt
+        else:
+            tag = self._virtual
         self._last_s = now
         self._in_flight = n + 1
-        self._seq += 1
-        tag = self._virtual + amount
+        seq = self._seq = self._seq + 1
+        tag += amount                # finishes when the virtual clock reads V + amount
         fifo = self._fifos.get(amount)
         if fifo is None:
             fifo = self._fifos[amount] = deque()
-        fifo.append((tag, self._seq, ev))
+        fifo.append((tag, seq, ev))
         # A newcomer only delays the others; a pending wake-up stays valid unless it finishes first
         # (which it can only as the head of its FIFO: the others there finish before it).
         if len(fifo) == 1:
-            head = (tag, self._seq, fifo)
+            head = (tag, seq, fifo)
             heappush(self._heads, head)
             if self._wake_event is None or self._heads[0] is head:
                 self._arm(now)
@@ -146,7 +151,7 @@ class SharedPool:
             self.busy_s += dt
         self._last_s = now
         v, latency_s, fire_after = self._virtual, self.latency_s, self._fire_after
-        limit = v + _REL_EPS * abs(v)
+        limit = v + _REL_EPS * v         # (v >= 0: it only grows from 0)
         while heads:
             tag, _, fifo = heads[0]
             # Finished: served up to rounding, or so nearly that its finish time is `now` itself.
