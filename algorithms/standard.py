@@ -83,9 +83,8 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
                   pass_name, period=tiles_m * tiles_n)
 
 
-def col_chunks(n: int, width: int) -> tuple[slice, ...]:
-    """Column slices of `width` covering 0:n (a tuple: a row of tiles that load_rows remembers)."""
-    return tuple(slice(c, min(n, c + width)) for c in range(0, n, width))
+def col_chunks(n: int, width: int) -> list[slice]:
+    return [slice(c, min(n, c + width)) for c in range(0, n, width)]
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,8 @@ class Panels:
     rows: int
     count: int            # panels per batch-head
     seq_len_q: int
-    s_chunks: tuple
-    p_chunks: tuple
+    s_chunks: list
+    p_chunks: list
 
     def __call__(self, index: int) -> tuple[int, slice]:
         """Block index -> (batch-head, row slice)."""
@@ -111,34 +110,38 @@ def panels_of(wl: Workload, gemm_tile: tuple) -> Panels:
     return Panels(rows, math.ceil(nq / rows), nq, col_chunks(nk, s_width), col_chunks(nk, p_width))
 
 
-def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: tuple):
+def load_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list):
     """A row panel, fetched as the tiles of `chunks` in one go; returns it whole (or None)."""
-    (tiles,) = yield from ctx.load_rows((T[g], rows, chunks))
+    t_g = T[g]
+    tiles = yield from ctx.load_tiles(*[(t_g, rows, c) for c in chunks])
     return None if tiles[0] is None else np.hstack(tiles)
 
 
-def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: tuple, CM, KPM, fill: float):
+def mask_panel(ctx, wl: Workload, data, T: Tensor, g: int, rows: slice, chunks: list, CM, KPM, fill: float):
     """The mask kernel's block, forward (fill -inf) and backward (fill 0): read a row panel of T
     and the masks it needs (causal_mask tiles, the batch's key_padding_mask row), write it back."""
     nk = T.shape[2]
-    panels = [(T[g], rows, chunks)]
+    t_g = T[g]
+    tiles = [(t_g, rows, c) for c in chunks]
     if CM is not None:
-        panels.append((CM[0], rows, chunks))
+        cm = CM[0]
+        tiles += [(cm, rows, c) for c in chunks]
     if KPM is not None:
-        panels.append((KPM[g // wl.heads], slice(0, 1), [slice(0, nk)]))   # (a list: not remembered)
-    got = yield from ctx.load_rows(*panels)
+        tiles.append((KPM[g // wl.heads], slice(0, 1), slice(0, nk)))
+    got = yield from ctx.load_tiles(*tiles)
     yield from ctx.compute(vector_flops=(rows.stop - rows.start) * nk)     # one select per element
     val = None
     if data is not None:
         kv_len = None if data.kv_lens is None else int(data.kv_lens[g // wl.heads])
-        val = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), np.hstack(got[0]), fill)
+        val = np.where(allowed(wl, kv_len, rows.start, rows.stop, 0, nk), np.hstack(got[:len(chunks)]), fill)
     yield from store_panel(ctx, T, g, rows, chunks, val)
 
 
-def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: tuple, value):
+def store_panel(ctx, T: Tensor, g: int, rows: slice, chunks: list, value):
     """A row panel, stored as the tiles of `chunks`; returns what to `yield from` (a store
     never waits: nothing)."""
-    return ctx.store_rows((T[g], rows, chunks, None if value is None else [value[:, c] for c in chunks]))
+    t_g = T[g]
+    return ctx.store_tiles(*[(t_g, rows, c, None if value is None else value[:, c]) for c in chunks])
 
 
 def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE,
@@ -207,10 +210,10 @@ def standard_forward(wl: Workload, data: AttentionData | None = None, gemm_tile:
             p = yield from load_panel(ctx, P, g, rows, p_chunks)
             yield from ctx.compute(vector_flops=2 * s_size(rows))     # dropout: compare + multiply
             k = None if p is None else keep[g, rows, :]
-            yield from ctx.store_rows((P_used[g], rows, p_chunks,
-                                       None if p is None else [p[:, c] * k[:, c] for c in p_chunks]),
-                                      (DM[g], rows, p_chunks,
-                                       None if p is None else [(k[:, c] > 0).astype(float) for c in p_chunks]))
+            yield from ctx.store_tiles(*[(P_used[g], rows, c, None if p is None else p[:, c] * k[:, c])
+                                         for c in p_chunks],
+                                       *[(DM[g], rows, c, None if p is None else (k[:, c] > 0).astype(float))
+                                         for c in p_chunks])
         launches.append(Launch("dropout", g_count * panels, 0, dropout_block, allocs=(P_used, DM),
                                frees=() if training else (P,), period=panels))
 

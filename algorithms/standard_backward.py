@@ -47,20 +47,20 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
 
     def dropout_bwd(ctx, index):
         g, rows = panel(index)
-        dpd, dm = yield from ctx.load_rows((dPd[g], rows, s_chunks), (DM[g], rows, p_chunks))
+        got = yield from ctx.load_tiles(*[(dPd[g], rows, c) for c in s_chunks], *[(DM[g], rows, c) for c in p_chunks])
         yield from ctx.compute(vector_flops=2 * (rows.stop - rows.start) * nk)     # dP = dPd * keep / (1-p)
         val = None
         if numeric:
-            val = np.hstack(dpd) * np.hstack(dm) * keep_scale
+            val = np.hstack(got[:len(s_chunks)]) * np.hstack(got[len(s_chunks):]) * keep_scale
         yield from store_panel(ctx, dP, g, rows, s_chunks, val)
 
     def softmax_bwd(ctx, index):
         g, rows = panel(index)
-        dp_tiles, p_tiles = yield from ctx.load_rows((dP[g], rows, s_chunks), (P[g], rows, p_chunks))
+        got = yield from ctx.load_tiles(*[(dP[g], rows, c) for c in s_chunks], *[(P[g], rows, c) for c in p_chunks])
         yield from ctx.compute(vector_flops=SOFTMAX_BWD_VECTOR_FLOPS * (rows.stop - rows.start) * nk)
         val = None
         if numeric:
-            dp, p = np.hstack(dp_tiles), np.hstack(p_tiles)
+            dp, p = np.hstack(got[:len(s_chunks)]), np.hstack(got[len(s_chunks):])
             val = p * (dp - (dp * p).sum(axis=1, keepdims=True))
         yield from store_panel(ctx, dS, g, rows, p_chunks, val)
 

@@ -126,14 +126,22 @@ def panel_launch(name: str, wl: Workload, panel, reads: list, writes: list, fn, 
 
     def block(ctx, index):
         g, rows = panel(index)
-        got = yield from ctx.load_rows(*[(T[gsel(g)], rows, chunks) for T, gsel, chunks in reads])
+        tiles, spans = [], []
+        for T, gsel, chunks in reads:
+            tiles += [(T[gsel(g)], rows, c) for c in chunks]
+            spans.append(len(chunks))
+        got = yield from ctx.load_tiles(*tiles)
         elements = (rows.stop - rows.start) * nk
         yield from ctx.compute(vector_flops=round(flops * elements), exp_ops=exps * elements)
         vals = [None] * len(writes)
-        if got[0][0] is not None:
-            vals = fn(g, rows, [np.hstack(tiles) for tiles in got])
-        yield from ctx.store_rows(*[(T[g], rows, chunks, None if v is None else [v[:, c] for c in chunks])
-                                    for (T, chunks), v in zip(writes, vals)])
+        if got[0] is not None:
+            arrays, i = [], 0
+            for n in spans:
+                arrays.append(np.hstack(got[i:i + n]))
+                i += n
+            vals = fn(g, rows, arrays)
+        yield from ctx.store_tiles(*[(T[g], rows, c, None if v is None else v[:, c])
+                                     for (T, chunks), v in zip(writes, vals) for c in chunks])
     return Launch(name, wl.groups * panel.count, 0, block, allocs, frees, pass_name)
 
 

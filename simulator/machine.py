@@ -29,7 +29,7 @@ from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
 from .program import BlockContext, Launch, Program
 from .results import KernelResult, SimResult
-from .simpy_adapter import Inline, events_scheduled, run_events
+from .simpy_adapter import Inline, events_scheduled
 from .time_model import LIBRARY, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
@@ -96,7 +96,6 @@ class Machine:
         self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
         self.live_bytes = 0
-        self.columns: dict = {}       # id of a row's column slices -> what BlockContext._issue_rows needs of them
 
     # ---- what contexts call -------------------------------------------------------------
     def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int, exp_ops: int) -> float:
@@ -222,12 +221,10 @@ class Machine:
                     ctx.kernel = fold.records[-1]          # the block counts into its unit's record
                 ctx.block = b
                 state.next_block = b + 1
-                if recorder is None:
-                    yield block_fn(ctx, b)
-                else:
-                    start_s = self.env.now
-                    yield block_fn(ctx, b)
-                    recorder.block(sm, k.name, b, start_s, self.env.now)
+                start_s = self.env.now
+                yield block_fn(ctx, ctx.block)
+                if recorder is not None:
+                    recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
                 if progress is not None:
                     self.blocks_done += 1
                     progress(self.blocks_done, self.blocks_total)
@@ -274,8 +271,10 @@ class Machine:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            if not run_events(self.env, max_events):
-                raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
+            if max_events is None:
+                self.env.run()
+            else:
+                self._run_bounded(program, max_events)
         finally:
             if collecting:
                 gc.enable()
@@ -287,6 +286,16 @@ class Machine:
             kernels=self.kernels, sim_events=events,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )
+
+
+    def _run_bounded(self, program: Program, max_events: int) -> None:
+        env = self.env
+        for _ in range(max_events):
+            if env.peek() == math.inf:
+                return
+            env.step()
+        if env.peek() != math.inf:
+            raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
 
 
 def program_footprint_bytes(program: Program) -> int:

@@ -58,20 +58,6 @@ def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
     return s.stop - s.start
 
 
-COLUMNS_KNOWN_MAX = 1024      # rows' column tuples a machine remembers (programs make a few, once)
-
-
-def _columns(cols) -> tuple:
-    """What _issue_rows needs of a row's column slices: (the slices, their (start, stop) pairs,
-    the columns they cover in all, the smallest start, the largest stop). Pairs is None when a
-    slice is open or empty, or two are the same tile: such a row goes tile by tile."""
-    pairs = [(c.start, c.stop) for c in cols]
-    if not pairs or len(set(pairs)) < len(pairs) or \
-            any(c0 is None or c1 is None or c1 <= c0 for c0, c1 in pairs):
-        return cols, None, 0, 0, 0
-    return cols, pairs, sum(c1 - c0 for c0, c1 in pairs), min(p[0] for p in pairs), max(p[1] for p in pairs)
-
-
 class BlockContext:
     """What a block sees: load, store, compute. Every call is used as `yield from ctx.load(...)`:
     the loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
@@ -104,22 +90,6 @@ class BlockContext:
             return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
-    def load_rows(self, *rows):
-        """Load rows of tiles at once, as load_tiles does: each row (view, rows, column slices) is
-        the tiles view[rows, c] for each c (a tuple of slices, made once, is the cheapest). Returns
-        one list of tiles per row. The same counts, L2 state and time as load_tiles of those
-        tiles, in fewer Python steps (what the row-panel kernels of standard attention use)."""
-        ev, l2_done_s = self._issue_rows(rows, False)
-        if ev is not None:
-            yield ev
-        now = self._m.env._now
-        if l2_done_s > now:
-            yield self._after(l2_done_s - now)
-        if not self._launch.with_data:           # count-only: none of the tensors has data
-            return [[None] * len(r[2]) for r in rows]
-        return [[None if v.tensor.data is None else v.tensor.data[v.group, rs, c].copy() for c in cols]
-                for v, rs, cols in rows]
-
     def prefetch(self, *tiles):
         """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
         block can compute meanwhile; the tiles' SRAM must be free, which the program ensures."""
@@ -151,16 +121,6 @@ class BlockContext:
         self._launch.track_store(*self._issue(tiles, True))
         return ()
 
-    def store_rows(self, *rows) -> tuple:
-        """Store rows of tiles at once, as store_tiles does: each row is (view, rows, column
-        slices, values), values one tile per slice (or None in count-only mode)."""
-        for view, rs, cols, values in rows:
-            if view.tensor.data is not None:
-                for c, value in zip(cols, [None] * len(cols) if values is None else values):
-                    self._write(view, rs, c, value, "store to")
-        self._launch.track_store(*self._issue_rows(rows, True))
-        return ()
-
     def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
         counted as a read and a write of the tile; like a store, it does not stall the block."""
@@ -187,31 +147,7 @@ class BlockContext:
         """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part
         is served). The HBM and L2 parts are in flight together: the transfer ends when the later
         one does. L2 hits are a FIFO pipe, so their finish time is known now and needs no event
-        of its own unless it comes after the HBM part. An atomic (`also_write`) reads its tiles,
-        then writes them."""
-        hbm_bytes, l2_bytes, writeback_bytes = self._count(tiles, write)
-        if also_write:
-            h, l2b, wb = self._count(tiles, True)
-            hbm_bytes, l2_bytes, writeback_bytes = hbm_bytes + h, l2_bytes + l2b, writeback_bytes + wb
-        return self._send(tiles, write or also_write, hbm_bytes, l2_bytes, writeback_bytes)
-
-    def _send(self, tiles, write: bool, hbm_bytes: int, l2_bytes: int, writeback_bytes: int):
-        """Issue one transfer's requests: its DRAM part, its L2 part and the write-backs of the
-        dirty lines it evicted; returns (HBM event or None, time the L2 part is served)."""
-        m = self._m
-        if writeback_bytes:
-            # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
-            # store they use bandwidth and the kernel ends only when they have drained.
-            self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
-        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
-        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
-        if m.recorder is not None:
-            self._record(tiles, write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
-        return hbm_ev, l2_done_s
-
-    def _count(self, tiles, w: bool) -> tuple:
-        """Count tiles loaded (`w` False) or stored, one by one; returns their (DRAM bytes, L2-hit
-        bytes, write-back bytes of the dirty lines they evicted).
+        of its own unless it comes after the HBM part.
 
         This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
         tensor (L2-side, and DRAM when it misses L2 or there is no L2), applies the L2's policy
@@ -227,156 +163,87 @@ class BlockContext:
             lines, capacity, used, inserted = l2.lines, l2.capacity_bytes, l2.used_bytes, 0
         trace = m.trace
         hbm_bytes = l2_bytes = writeback_bytes = 0
-        t_prev = wb_owner = None        # (the owner whose lines were last written back, and its counters)
-        for tile in tiles:
-            view, rows, cols = tile[0], tile[1], tile[2]
-            t = view.tensor
-            if t is not t_prev:                    # (tiles of one tensor often come in a row)
-                n_rows, n_cols, itemsize, uid, traffic, owner = known.get(t) or self._tensor(t)
-                t_prev = t
-            r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
-            if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
-                _span(rows, n_rows, "row", t)      # raises with the numbers
-                _span(cols, n_cols, "col", t)
-            nbytes = (r1 - r0) * (c1 - c0) * itemsize
-            if w:
-                traffic.write += nbytes
-            else:
-                traffic.read += nbytes
-            if l2 is None:                          # every byte is DRAM's
-                from_hbm = True
-                hbm_bytes += nbytes
+        t_prev = wb_owner = None                      # (the owner whose lines were last written back, and
+        for w in ((write, True) if also_write else (write,)):     # its counters) an atomic reads, then writes
+            for tile in tiles:
+                view, rows, cols = tile[0], tile[1], tile[2]
+                t = view.tensor
+                if t is not t_prev:                    # (tiles of one tensor often come in a row)
+                    n_rows, n_cols, itemsize, uid, traffic, owner = known.get(t) or self._tensor(t)
+                    t_prev = t
+                r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
+                if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
+                    _span(rows, n_rows, "row", t)      # raises with the numbers
+                    _span(cols, n_cols, "col", t)
+                nbytes = (r1 - r0) * (c1 - c0) * itemsize
                 if w:
-                    traffic.hbm_write += nbytes
+                    traffic.write += nbytes
                 else:
-                    traffic.hbm_read += nbytes
-                if trace is not None:
-                    self._trace_tile(view, w, r0, r1, c0, c1, nbytes, True)
-                continue
-            # the L2's policy (l2.py)
-            key = (uid, view.group, r0, r1, c0, c1)
-            line = lines.get(key)
-            if line is not None:                    # hit: now the most recent; a store dirties it
-                lines.move_to_end(key)
-                if w:
-                    line[1] = True
-                    line[2] = owner
-                from_hbm = False
-                l2_bytes += nbytes
-            elif nbytes > capacity:                 # larger than the L2: streams through
-                if w:                               # (a store goes to HBM now, as a write-back)
-                    from_hbm = False
-                    l2_bytes += nbytes
-                    traffic.hbm_write += nbytes
-                    writeback_bytes += nbytes
-                else:
+                    traffic.read += nbytes
+                if l2 is None:                          # every byte is DRAM's
                     from_hbm = True
                     hbm_bytes += nbytes
-                    traffic.hbm_read += nbytes
-            else:                                   # miss: a load reads HBM, a store allocates
-                used += nbytes
-                while used > capacity:              # evict least recently used lines until it fits
-                    old_bytes, dirty, old_owner = lines.popitem(False)[1]
-                    used -= old_bytes
-                    if dirty:                       # written back, credited to its owner tensor
-                        if old_owner is not wb_owner:
-                            wb_owner = old_owner
-                            wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
-                        wb_traffic.hbm_write += old_bytes
-                        writeback_bytes += old_bytes
-                lines[key] = [nbytes, w, owner]
-                inserted += nbytes
-                if w:
-                    from_hbm = False
-                    l2_bytes += nbytes
-                else:
-                    from_hbm = True
-                    hbm_bytes += nbytes
-                    traffic.hbm_read += nbytes
-            if trace is not None:
-                self._trace_tile(view, w, r0, r1, c0, c1, nbytes, from_hbm)
-        if l2 is not None:
-            l2.used_bytes = used
-            l2.inserted_bytes += inserted
-        return hbm_bytes, l2_bytes, writeback_bytes
-
-    def _issue_rows(self, rows, write: bool):
-        """_issue for rows of tiles (load_rows, store_rows): each row (view, rows, column slices)
-        is the tiles view[rows, c] for each c. The same counts, L2 state and requests as _issue of
-        those tiles in order, in fewer Python steps: a row whose tiles all hit the L2, or all
-        miss it and fit together, is handled at once (C-level dict calls over its keys), which
-        is exactly what tile after tile would do (a miss evicts only lines older than every
-        tile of the row, so no tile of the row is evicted or hit by its neighbours). Any other
-        row, and every row when there is no L2 or a trace, goes tile by tile (_count)."""
-        m = self._m
-        l2 = m.l2
-        if l2 is None or m.trace is not None:
-            return self._issue([(r[0], r[1], c) for r in rows for c in r[2]], write)
-        kernel = self.kernel
-        if kernel is not self._tensors_of:        # the worker switched records (fold.py)
-            self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
-        known, lines, capacity, columns = self._tensors, l2.lines, l2.capacity_bytes, m.columns
-        hbm_bytes = l2_bytes = writeback_bytes = 0
-        for row in rows:
-            view, rs, cols = row[0], row[1], row[2]
-            info = columns.get(id(cols))
-            if info is None or info[0] is not cols:
-                info = _columns(cols)
-                if type(cols) is tuple:            # (immutable: remembered, with it, so its id stays its own)
-                    if len(columns) >= COLUMNS_KNOWN_MAX:
-                        columns.clear()
-                    columns[id(cols)] = info
-            _, pairs, span, c_min, c_max = info
-            t = view.tensor
-            n_rows, n_cols, itemsize, uid, traffic, owner = known.get(t) or self._tensor(t)
-            r0, r1 = rs.start, rs.stop
-            if pairs is not None and 0 <= r0 < r1 <= n_rows and 0 <= c_min and c_max <= n_cols:
-                g = view.group
-                keys = [(uid, g, r0, r1, c0, c1) for c0, c1 in pairs]
-                got = list(map(lines.get, keys))
-                misses = got.count(None)
-                # the row's bytes: (rows) x (columns of all its tiles) x bytes per element
-                nbytes = (r1 - r0) * span * itemsize
-                if misses == 0:                        # all hit: each becomes the most recent
-                    for key in keys:
-                        lines.move_to_end(key)
-                    if write:                          # (and a store dirties it)
-                        for line in got:
-                            line[1] = True
-                            line[2] = owner
-                        traffic.write += nbytes
+                    if w:
+                        traffic.hbm_write += nbytes
                     else:
-                        traffic.read += nbytes
-                    l2_bytes += nbytes
+                        traffic.hbm_read += nbytes
+                    if trace is not None:
+                        self._trace_tile(view, w, r0, r1, c0, c1, nbytes, True)
                     continue
-                if misses == len(keys) and nbytes <= capacity:   # all miss, and fit the L2 together
-                    used = l2.used_bytes + nbytes
-                    wb_owner = None
-                    while used > capacity:             # evict least recently used lines until they fit
+                # the L2's policy (l2.py)
+                key = (uid, view.group, r0, r1, c0, c1)
+                line = lines.get(key)
+                if line is not None:                    # hit: now the most recent; a store dirties it
+                    lines.move_to_end(key)
+                    if w:
+                        line[1] = True
+                        line[2] = owner
+                    from_hbm = False
+                    l2_bytes += nbytes
+                elif nbytes > capacity:                 # larger than the L2: streams through
+                    if w:                               # (a store goes to HBM now, as a write-back)
+                        from_hbm = False
+                        l2_bytes += nbytes
+                        traffic.hbm_write += nbytes
+                        writeback_bytes += nbytes
+                    else:
+                        from_hbm = True
+                        hbm_bytes += nbytes
+                        traffic.hbm_read += nbytes
+                else:                                   # miss: a load reads HBM, a store allocates
+                    used += nbytes
+                    while used > capacity:              # evict least recently used lines until it fits
                         old_bytes, dirty, old_owner = lines.popitem(False)[1]
                         used -= old_bytes
-                        if dirty:                      # written back, credited to its owner tensor
+                        if dirty:                       # written back, credited to its owner tensor
                             if old_owner is not wb_owner:
                                 wb_owner = old_owner
                                 wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
                             wb_traffic.hbm_write += old_bytes
                             writeback_bytes += old_bytes
-                    # each tile a line of (rows) x (its columns) x bytes per element
-                    row_bytes = (r1 - r0) * itemsize
-                    lines.update(zip(keys, [[row_bytes * (c1 - c0), write, owner] for c0, c1 in pairs]))
-                    l2.used_bytes = used
-                    l2.inserted_bytes += nbytes
-                    if write:                          # a store allocates: served by the L2
-                        traffic.write += nbytes
+                    lines[key] = [nbytes, w, owner]
+                    inserted += nbytes
+                    if w:
+                        from_hbm = False
                         l2_bytes += nbytes
-                    else:                              # a load reads DRAM
-                        traffic.read += nbytes
-                        traffic.hbm_read += nbytes
+                    else:
+                        from_hbm = True
                         hbm_bytes += nbytes
-                    continue
-            h, l2b, wb = self._count([(view, rs, c) for c in cols], write)     # tile by tile
-            hbm_bytes, l2_bytes, writeback_bytes = hbm_bytes + h, l2_bytes + l2b, writeback_bytes + wb
-        return self._send(rows, write, hbm_bytes, l2_bytes, writeback_bytes)
+                        traffic.hbm_read += nbytes
+                if trace is not None:
+                    self._trace_tile(view, w, r0, r1, c0, c1, nbytes, from_hbm)
+        if l2 is not None:
+            l2.used_bytes = used
+            l2.inserted_bytes += inserted
+        if writeback_bytes:
+            # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
+            # store they use bandwidth and the kernel ends only when they have drained.
+            self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
+        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
+        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
+        if m.recorder is not None:
+            self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
+        return hbm_ev, l2_done_s
 
     def _trace_tile(self, view: TensorView, w: bool, r0: int, r1: int, c0: int, c1: int, nbytes: int,
                     from_hbm: bool) -> None:

@@ -13,14 +13,11 @@ attribute behind SimPy's `env.now` property, without the property's Python call.
   finish time), as simpy.Timeout's constructor would for an existing event.
 - `Inline(env, generators)`: runs generators (a slot's blocks) as a process would, with the
   events they wait for calling them back directly instead of through a Process step.
-- `run_events(env, max_events=None)`: process every scheduled event, as `env.run()` does (the
-  same order, the same error for a failed event nobody defused), in one loop instead of a call
-  to `env.step()` per event; `max_events` bounds the events processed (liveness tests).
 - `events_scheduled(env)`: how many events an environment has scheduled (SimPy numbers them).
 """
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from heapq import heappush
 
 import simpy
 from simpy.events import NORMAL
@@ -117,27 +114,6 @@ class _Started:
 
 
 _STARTED = _Started()
-
-
-def run_events(env: simpy.Environment, max_events: int | None = None) -> bool:
-    """Process `env`'s events until none is left, as env.run() does: env.step written out in one
-    loop (what env.step does per event, without the call). With `max_events`, stop after that
-    many; returns whether every event was processed."""
-    queue = env._queue
-    left = -1 if max_events is None else max_events
-    while queue:
-        if left == 0:
-            return False
-        left -= 1
-        env._now, _, _, event = heappop(queue)
-        callbacks, event.callbacks = event.callbacks, None      # (processed: callbacks None)
-        for callback in callbacks:
-            callback(event)
-        if not event._ok and not hasattr(event, "_defused"):   # a failure nobody handled: raise it
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
-    return True
 
 
 def events_scheduled(env: simpy.Environment) -> int:
