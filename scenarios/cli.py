@@ -322,7 +322,7 @@ def cmd_bench(args) -> int:
     from .bench import bench
     if args.json:
         check_output_path(args.json, "--json")
-    result = bench(args.experiment, mode=args.mode)
+    result = bench(args.experiment, mode=args.mode, instructions=args.instructions)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
@@ -474,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
     b.add_argument("--mode", choices=("both", "fast", "full"), default="both",
                    help="fast mode (as hbmsim run), full simulation, or both (default)")
+    b.add_argument("--instructions", action="store_true",
+                   help="count instructions under valgrind's callgrind instead of timing (repeatable; minutes)")
     b.set_defaults(func=cmd_bench)
     a = sub.add_parser("anomalies", help="measure how often a bigger GPU is predicted slower (scheduling anomalies)")
     a.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default: a100-sxm4-40gb)")

@@ -163,8 +163,8 @@ class BlockContext:
             lines, capacity, used, inserted = l2.lines, l2.capacity_bytes, l2.used_bytes, 0
         trace = m.trace
         hbm_bytes = l2_bytes = writeback_bytes = 0
-        t_prev = wb_owner = None                      # (the owner whose lines were last written back, and
-        for w in ((write, True) if also_write else (write,)):     # its counters) an atomic reads, then writes
+        t_prev = wb_owner = None        # (wb_owner: whose evicted lines were last credited, to wb_traffic)
+        for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
             for tile in tiles:
                 view, rows, cols = tile[0], tile[1], tile[2]
                 t = view.tensor

@@ -1,5 +1,6 @@
 """The hbmsim command: demo, run, hardware, bench, and one clear line + exit 2 for bad input."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -235,3 +236,30 @@ def test_bench_reports_wall_time_and_ratio(capsys):
     assert [r["predicted_time_s"] for r in fast] == [r["predicted_time_s"] for r in full]
     assert [r["simulated_fraction"] for r in fast] == [1.0] * len(fast)
     assert "full" not in bench("small-masked", progress=False, mode="fast")
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind (callgrind) not installed")
+def test_bench_counts_instructions_of_the_same_simulation_under_callgrind():
+    """--instructions runs the simulation and bare SimPy in child Pythons under callgrind (about
+    30 s here): the child simulates the same events as the timed bench, and every count is net of
+    a child that only imports and loads."""
+    from hbmsim.scenarios.bench import bench
+    timed = bench("small-masked", progress=False, mode="fast")["fast"]
+    counted = bench("small-masked", progress=False, mode="fast", instructions=True)
+    assert counted["measure"] == "instructions (valgrind --tool=callgrind), not time" and "full" not in counted
+    m = counted["fast"]
+    assert m["sim_events"] == timed["sim_events"]
+    assert m["instructions_per_event"] == round(m["instructions"] / m["sim_events"])
+    # bare SimPy runs at least as many events (1,000 processes, each a whole number of timeouts)
+    assert m["bare_simpy_events"] >= m["sim_events"]
+    # a SimPy event costs thousands of instructions, not millions: the import-only child was subtracted
+    assert 2_000 < m["bare_simpy_instructions_per_event"] < 100_000
+    assert m["ratio_to_bare_simpy"] == round(m["instructions_per_event"] / m["bare_simpy_instructions_per_event"], 2)
+
+
+def test_bench_instructions_without_valgrind_is_one_line_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr("hbmsim.scenarios.bench.shutil.which", lambda name: None)
+    code, out, err = run_cli(capsys, "bench", "--experiment", "small-masked", "--instructions")
+    assert code == 2 and out == ""
+    assert err.strip() == ("hbmsim: error: bench --instructions: valgrind not found on PATH (Debian's package "
+                           "valgrind counts the instructions)")
