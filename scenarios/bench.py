@@ -9,7 +9,7 @@ overhead per event. The process's peak memory is reported too.
 `instructions=True` makes the same comparison in instructions instead of seconds: each part runs
 in a child Python under valgrind's callgrind, which counts the instructions it executes. Unlike
 this machine's wall clock (which varies by up to 50% between runs), the count repeats to within a
-fraction of a percent, so it can tell a 2% change from noise. Each figure is the child's count less
+hundred instructions (`_callgrind`), so it can tell a 0.1% change from noise. Each figure is the child's count less
 that of a child that only imports and loads the experiment. It takes minutes (callgrind runs
 Python about 50 times slower) and needs valgrind (Debian's package of that name).
 """
@@ -96,11 +96,15 @@ CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
 def _callgrind(args: list, progress: bool) -> tuple[int, str]:
     """Instructions a child Python running this module with `args` executes (callgrind's
     'Collected' total), and what it printed. The hash seed is fixed, so that dicts and sets of
-    strings are laid out the same in every run."""
+    strings are laid out the same in every run, and numpy's BLAS runs one thread: its idle
+    threads spin for as long as the machine lets them (25 M instructions, more or less, per
+    import of numpy). So a count repeats to within a hundred instructions."""
     cmd = [*CALLGRIND, sys.executable, "-m", "hbmsim.scenarios.bench", *args]
     if progress:
         print(f"bench: counting instructions of `{' '.join(args)}` under callgrind", file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     counted = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or counted is None:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
@@ -134,6 +138,7 @@ def bench(experiment: str = DEFAULT_EXPERIMENT, progress=True, mode: str = "both
                               "counts the instructions)")
         out["measure"] = "instructions (" + " ".join(CALLGRIND[:2]) + "), not time"
         baseline, _ = _callgrind(["none", experiment], progress)
+        out["import_only_instructions"] = baseline     # what every count below is net of
     for name in ("fast", "full"):
         if mode in (name, "both"):
             out[name] = (count_mode(experiment, name == "fast", progress, baseline) if instructions

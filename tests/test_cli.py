@@ -241,9 +241,9 @@ def test_bench_reports_wall_time_and_ratio(capsys):
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind (callgrind) not installed")
 def test_bench_counts_instructions_of_the_same_simulation_under_callgrind():
     """--instructions runs the simulation and bare SimPy in child Pythons under callgrind (about
-    30 s here): the child simulates the same events as the timed bench, and every count is net of
-    a child that only imports and loads."""
-    from hbmsim.scenarios.bench import bench
+    40 s here): the child simulates the same events as the timed bench, every count is net of a
+    child that only imports and loads, and a count repeats."""
+    from hbmsim.scenarios.bench import _callgrind, bench
     timed = bench("small-masked", progress=False, mode="fast")["fast"]
     counted = bench("small-masked", progress=False, mode="fast", instructions=True)
     assert counted["measure"] == "instructions (valgrind --tool=callgrind), not time" and "full" not in counted
@@ -255,6 +255,9 @@ def test_bench_counts_instructions_of_the_same_simulation_under_callgrind():
     # a SimPy event costs thousands of instructions, not millions: the import-only child was subtracted
     assert 2_000 < m["bare_simpy_instructions_per_event"] < 100_000
     assert m["ratio_to_bare_simpy"] == round(m["instructions_per_event"] / m["bare_simpy_instructions_per_event"], 2)
+    # the count repeats: a second import-only child executes the same instructions, within a hundred
+    again, _ = _callgrind(["none", "small-masked"], progress=False)
+    assert abs(again - counted["import_only_instructions"]) <= 100, (again, counted["import_only_instructions"])
 
 
 def test_bench_instructions_without_valgrind_is_one_line_exit_2(capsys, monkeypatch):
