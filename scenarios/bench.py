@@ -36,13 +36,9 @@ DEFAULT_EXPERIMENT = "gpt2-medium"
 BARE_PROCESSES = 1000     # about as many block slots as a GPU has (SMs x resident blocks)
 
 
-def bare_simpy_wall_s(n_events: int, n_processes: int = BARE_PROCESSES) -> float:
-    """Wall time of bare SimPy (`n_processes` processes that only yield timeouts) for `n_events` events."""
-    return _bare_simpy(n_events, n_processes)[0]
-
-
-def _bare_simpy(n_events: int, n_processes: int = BARE_PROCESSES) -> tuple[float, int]:
-    """The bare SimPy loop: (its wall time scaled to exactly `n_events`, the events it scheduled)."""
+def bare_simpy(n_events: int, n_processes: int = BARE_PROCESSES) -> tuple[float, int]:
+    """Bare SimPy (`n_processes` processes that only yield timeouts) for `n_events` events: (its
+    wall time scaled to exactly `n_events`, the events it scheduled)."""
     env = simpy.Environment()
     per_process = max(1, n_events // n_processes)
 
@@ -84,7 +80,7 @@ def time_mode(exp, fast: bool, progress: bool) -> dict:
                   file=sys.stderr, flush=True)
     wall_s = sum(r["wall_s"] for r in runs)
     events = sum(r["sim_events"] for r in runs)
-    bare_s = bare_simpy_wall_s(events)
+    bare_s = bare_simpy(events)[0]
     return {"runs": runs, "wall_s": round(wall_s, 3), "sim_events": events, "events_per_s": round(events / wall_s),
             "bare_simpy_wall_s": round(bare_s, 3), "ratio_to_bare_simpy": round(wall_s / bare_s, 2)}
 
@@ -143,8 +139,9 @@ def bench(experiment: str = DEFAULT_EXPERIMENT, progress=True, mode: str = "both
         if mode in (name, "both"):
             out[name] = (count_mode(experiment, name == "fast", progress, baseline) if instructions
                          else time_mode(exp, name == "fast", progress))
-    out.update({"peak_rss_bytes": peak_rss_bytes(), "python": platform.python_version(), "simpy": simpy.__version__,
-                "machine": platform.machine()})
+    if not instructions:                      # (counted in children: this process's peak says nothing)
+        out["peak_rss_bytes"] = peak_rss_bytes()
+    out.update({"python": platform.python_version(), "simpy": simpy.__version__, "machine": platform.machine()})
     return out
 
 
@@ -156,7 +153,7 @@ def _child(what: str, experiment: str, arg: str = "") -> None:
     if what == "sim":
         print(sum(run_config(cfg, count_only=True, fast=arg == "fast")[-1]["sim_events"] for cfg in exp.configs))
     elif what == "bare":
-        print(_bare_simpy(int(arg))[1])
+        print(bare_simpy(int(arg))[1])
 
 
 if __name__ == "__main__":

@@ -180,58 +180,49 @@ class BlockContext:
                     traffic.write += nbytes
                 else:
                     traffic.read += nbytes
-                if l2 is None:                          # every byte is DRAM's
+                if l2 is None:
                     from_hbm = True
+                else:                                   # the L2's policy (l2.py)
+                    key = (uid, view.group, r0, r1, c0, c1)
+                    line = lines.get(key)
+                    if line is not None:                # hit: now the most recent; a store dirties it
+                        lines.move_to_end(key)
+                        if w:
+                            line[1] = True
+                            line[2] = owner
+                        from_hbm = False
+                    elif nbytes > capacity:             # larger than the L2: streams through
+                        from_hbm = not w
+                        if w:                           # (a store goes to HBM now, as a write-back)
+                            traffic.hbm_write += nbytes
+                            writeback_bytes += nbytes
+                    else:                               # miss: a load reads HBM, a store allocates
+                        from_hbm = not w
+                        used += nbytes
+                        while used > capacity:          # evict least recently used lines until it fits
+                            old_bytes, dirty, old_owner = lines.popitem(False)[1]
+                            used -= old_bytes
+                            if dirty:                   # written back, credited to its owner tensor
+                                if old_owner is not wb_owner:
+                                    wb_owner = old_owner
+                                    wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
+                                wb_traffic.hbm_write += old_bytes
+                                writeback_bytes += old_bytes
+                        lines[key] = [nbytes, w, owner]
+                        inserted += nbytes
+                if from_hbm:
                     hbm_bytes += nbytes
                     if w:
                         traffic.hbm_write += nbytes
                     else:
                         traffic.hbm_read += nbytes
-                    if trace is not None:
-                        self._trace_tile(view, w, r0, r1, c0, c1, nbytes, True)
-                    continue
-                # the L2's policy (l2.py)
-                key = (uid, view.group, r0, r1, c0, c1)
-                line = lines.get(key)
-                if line is not None:                    # hit: now the most recent; a store dirties it
-                    lines.move_to_end(key)
-                    if w:
-                        line[1] = True
-                        line[2] = owner
-                    from_hbm = False
+                else:
                     l2_bytes += nbytes
-                elif nbytes > capacity:                 # larger than the L2: streams through
-                    if w:                               # (a store goes to HBM now, as a write-back)
-                        from_hbm = False
-                        l2_bytes += nbytes
-                        traffic.hbm_write += nbytes
-                        writeback_bytes += nbytes
-                    else:
-                        from_hbm = True
-                        hbm_bytes += nbytes
-                        traffic.hbm_read += nbytes
-                else:                                   # miss: a load reads HBM, a store allocates
-                    used += nbytes
-                    while used > capacity:              # evict least recently used lines until it fits
-                        old_bytes, dirty, old_owner = lines.popitem(False)[1]
-                        used -= old_bytes
-                        if dirty:                       # written back, credited to its owner tensor
-                            if old_owner is not wb_owner:
-                                wb_owner = old_owner
-                                wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
-                            wb_traffic.hbm_write += old_bytes
-                            writeback_bytes += old_bytes
-                    lines[key] = [nbytes, w, owner]
-                    inserted += nbytes
-                    if w:
-                        from_hbm = False
-                        l2_bytes += nbytes
-                    else:
-                        from_hbm = True
-                        hbm_bytes += nbytes
-                        traffic.hbm_read += nbytes
                 if trace is not None:
-                    self._trace_tile(view, w, r0, r1, c0, c1, nbytes, from_hbm)
+                    where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
+                    trace(m.env.now, self.sm, kernel.name, self.block,
+                          f"{'store' if w else 'load '} {t.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
+                          f"{nbytes} B ({where})")
         if l2 is not None:
             l2.used_bytes = used
             l2.inserted_bytes += inserted
@@ -244,14 +235,6 @@ class BlockContext:
         if m.recorder is not None:
             self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
         return hbm_ev, l2_done_s
-
-    def _trace_tile(self, view: TensorView, w: bool, r0: int, r1: int, c0: int, c1: int, nbytes: int,
-                    from_hbm: bool) -> None:
-        """One line of the trace for one tile moved."""
-        where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
-        self._m.trace(self._m.env.now, self.sm, self.kernel.name, self.block,
-                      f"{'store' if w else 'load '} {view.tensor.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
-                      f"{nbytes} B ({where})")
 
     def _tensor(self, t: Tensor) -> tuple:
         """What _issue needs of tensor `t`, found once per kernel record (by the launch's first
