@@ -1,7 +1,8 @@
 """Attention as programs on the simulator: the float64 reference, standard / flash1 / flash2,
 and the closed-form IO formulas their counters must equal. Importing the package registers the
-programs (algorithms/registry.py)."""
-from . import standard  # noqa: F401  (each program module registers its AlgorithmSpec, in this order)
-from . import flash1  # noqa: F401
-from . import flash2  # noqa: F401
-from .registry import AlgorithmSpec, algorithms, get, mapping_fields, register, unregister  # noqa: F401
+programs (algorithms/registry.py): each *_spec module composes its program's passes and
+registers its AlgorithmSpec, in this order."""
+from . import standard_spec  # noqa: F401
+from . import flash1_spec  # noqa: F401
+from . import flash2_spec  # noqa: F401
+from .registry import AlgorithmSpec, algorithm_variants, algorithms, get, mapping_fields, register, unregister  # noqa: F401

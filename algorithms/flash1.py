@@ -9,7 +9,6 @@ block. Under the causal mask, query blocks that cannot see any key of block j ar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,10 +17,7 @@ from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, input_tensors, load_kv_len, masked_scores, online_softmax_update,
                      online_softmax_vector_flops, output, scaled_keep_mask)
-from .blocks import AUTO, FlashBlocks, flash_steps, resolve_flash_blocks
-from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload, causal_first_q_block
-
 
 
 def flash1_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
@@ -79,98 +75,3 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         Launch("flash1_fwd", g_count, flash1_sram_bytes(wl, block_q, block_kv), block, tensor_op=MMA_SYNC),
     ]
     return Program("flash1_forward", launches, inputs=tuple(tensors.values()), outputs={"O": O, "l": L, "m": M})
-
-
-# ---- the registered program ----------------------------------------------------------------------
-
-PAPER, FA1_KERNEL = "paper", "fa1-kernel"
-
-
-@dataclass(frozen=True)
-class Flash1Blocks:
-    """flash1's mapping. variant "paper" (the default): Algorithms 1 and 4 of the FlashAttention
-    paper with block_q x block_kv ("auto": the paper's rule). variant "fa1-kernel": the v1.0.9
-    CUDA kernel the FlashAttention-2 paper timed (flash1_kernel.py): 16-row query steps
-    (block_q = 16), key blocks of block_kv ("auto": 256 for head dim <= 64, 128 above or when
-    seq_len_kv <= 128), the forward split over `num_splits` thread blocks per batch-head and the
-    backward parallel over key blocks or not (`bwd_parallel`), "auto" being the kernel's own
-    heuristics at the occupancy the simulated GPU gives."""
-    block_q: int | str = AUTO
-    block_kv: int | str = AUTO
-    variant: str = PAPER
-    num_splits: int | str = AUTO
-    bwd_parallel: bool | str = AUTO
-
-
-def _need(wl: Workload, training: bool):
-    from .flash1_backward import flash1_bwd_sram_bytes
-    return lambda br, bc: max(flash1_sram_bytes(wl, br, bc), flash1_bwd_sram_bytes(wl, br, bc) if training else 0)
-
-
-def _resolve(gpu, wl: Workload, m: Flash1Blocks, training: bool) -> tuple:
-    if m.variant == PAPER:
-        blocks, notes = resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, FlashBlocks(m.block_q, m.block_kv),
-                                             _need(wl, training))
-        return replace(m, block_q=blocks.block_q, block_kv=blocks.block_kv, num_splits=1, bwd_parallel=False), notes
-    from .flash1_kernel import QUERY_STEP, fa1_bwd_parallel, fa1_kernel_blocks, fa1_kernel_sram_bytes, fa1_num_splits
-    notes = []
-    if m.block_q not in (AUTO, QUERY_STEP):
-        notes.append(f"block_q = {m.block_q} does not apply to the fa1-kernel variant: its query step is "
-                     f"{QUERY_STEP} rows")
-    bkv = fa1_kernel_blocks(wl) if m.block_kv == AUTO else m.block_kv
-
-    def ctas_per_sm(training_kernel: bool) -> int:
-        # what cudaOccupancyMaxActiveBlocksPerMultiprocessor gives, by shared memory alone
-        need = fa1_kernel_sram_bytes(wl, bkv, training_kernel)
-        return max(1, min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // need))
-    splits = m.num_splits
-    if splits == AUTO:
-        splits = fa1_num_splits(wl.groups, gpu.sm_count, ctas_per_sm(False), wl.seq_len_q)
-    parallel = m.bwd_parallel
-    if parallel == AUTO:
-        parallel = fa1_bwd_parallel(wl.groups, gpu.sm_count, ctas_per_sm(True), wl.seq_len_kv, bkv, wl.causal)
-    return replace(m, block_q=QUERY_STEP, block_kv=bkv, num_splits=splits, bwd_parallel=bool(parallel)), tuple(notes)
-
-
-def _build(wl: Workload, m: Flash1Blocks, data: AttentionData | None, training: bool) -> Program:
-    if m.variant == FA1_KERNEL:
-        from .flash1_kernel import fa1_kernel_forward, fa1_kernel_training
-        if training:
-            return fa1_kernel_training(wl, m.block_kv, m.num_splits, m.bwd_parallel, data)
-        return fa1_kernel_forward(wl, m.block_kv, m.num_splits, data)
-    if training:
-        from .flash1_backward import flash1_training
-        return flash1_training(wl, m.block_q, m.block_kv, data)
-    return flash1_forward(wl, m.block_q, m.block_kv, data)
-
-
-def _io(wl: Workload, m: Flash1Blocks, pass_name: str) -> dict:
-    if m.variant == FA1_KERNEL:
-        from .io_flash1_kernel import fa1_kernel_backward_io, fa1_kernel_forward_io
-        if pass_name == "forward":
-            return fa1_kernel_forward_io(wl, m.block_kv, m.num_splits)
-        return fa1_kernel_backward_io(wl, m.block_kv, m.bwd_parallel)
-    from . import io_formulas as F
-    return (F.flash1_forward_io if pass_name == "forward" else F.flash1_backward_io)(wl, m.block_q, m.block_kv)
-
-
-def _sram_bytes(wl: Workload, m: Flash1Blocks, training: bool) -> int:
-    if m.variant == FA1_KERNEL:
-        from .flash1_kernel import fa1_kernel_sram_bytes
-        return fa1_kernel_sram_bytes(wl, m.block_kv, training)
-    return _need(wl, training)(m.block_q, m.block_kv)
-
-
-def _describe(m: Flash1Blocks) -> str:
-    if m.variant == FA1_KERNEL:
-        return f"fa1-kernel 16x{m.block_kv} split {m.num_splits}" + (" kv-par" if m.bwd_parallel is True else "")
-    return f"{m.block_q}x{m.block_kv}"
-
-
-SPEC = register(AlgorithmSpec(
-    name="flash1", label="FlashAttention (Dao et al. 2022): Algorithms 1 and 4, or the v1 kernel",
-    mapping_type=Flash1Blocks, build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve,
-    steps=lambda wl, m, training: flash_steps(wl, FlashBlocks(m.block_q, m.block_kv), training),
-    describe=_describe, auto_fields=("block_q", "block_kv", "num_splits"), bool_fields=("bwd_parallel",),
-    variants=(PAPER, FA1_KERNEL), match_fields=("block_q", "block_kv"),
-    no_kernel_reason="no kernel implements flash1 (the CUDA kernel is FlashAttention-2)"))

@@ -23,13 +23,19 @@ from .flash1 import flash1_forward
 from .workload import AttentionData, Workload, causal_first_q_block
 
 
-
 def flash1_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return 4 * (block_q + block_kv) * wl.head_dim * wl.itemsize + 2 * block_q * 4
 
 
 def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None) -> Program:
+    """Algorithm 1 (keeping O, l, m in HBM), then Algorithm 4, with the same blocks."""
     fwd = flash1_forward(wl, block_q, block_kv, data)
+    bwd, grads = flash1_backward(wl, fwd, block_q, block_kv, data)
+    return Program("flash1_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
+
+
+def flash1_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None) -> tuple:
+    """Algorithm 4's launches after the forward `fwd`, and its gradients {dQ, dK, dV}."""
     tensors = named(fwd)
     Q, K, V, O, L, M = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["l"], tensors["m"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
@@ -88,10 +94,9 @@ def flash1_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                 yield from ctx.store(dQ[g], rows, all_cols, dq)
             yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
 
-    launches = list(fwd.launches) + [
+    launches = [
         Launch("flash1_bwd_init", g_count, 0, init_block, allocs=(dO, dQ, dK, dV), pass_name="backward"),
         Launch("flash1_bwd", g_count, flash1_bwd_sram_bytes(wl, block_q, block_kv), block, pass_name="backward",
                tensor_op=MMA_SYNC),
     ]
-    return Program("flash1_training", launches, inputs=fwd.inputs,
-                   outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})
+    return launches, {"dQ": dQ, "dK": dK, "dV": dV}

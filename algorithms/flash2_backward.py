@@ -26,7 +26,6 @@ from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 
-
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     itemsize = wl.itemsize
     return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4
@@ -84,11 +83,17 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
     (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers.
     `registers_per_thread`: the compiled kernels' (0: not known), for the `registers` effect."""
     fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0], registers_per_thread)
-    q_step = tiles_per_step[1]
-    warps_bwd = warps[1]
+    bwd, grads = flash2_backward(wl, fwd, *(bwd_blocks or (block_q, block_kv)), data, warps=warps[1],
+                                 q_step=tiles_per_step[1], registers_per_thread=registers_per_thread)
+    return Program("flash2_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
+
+
+def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
+                    warps: int = 1, q_step: int = 1, registers_per_thread: int = 0) -> tuple:
+    """Algorithm 2's launches after the forward `fwd`, with block_q x block_kv, and its gradients
+    {dQ, dK, dV}. `warps`: the backward kernel's; `q_step`: query tiles one simulated step covers."""
+    warps_bwd = warps
     atoms = fa2_bwd_atoms(wl, warps_bwd)
-    if bwd_blocks is not None:
-        block_q, block_kv = bwd_blocks
     tensors = named(fwd)
     Q, K, V, O, LSE = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["lse"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
@@ -168,14 +173,15 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
 
     # the D and dQ conversion blocks are alike under any mask (they do not look at it)
     q_period = 1 if nq % block_q == 0 else tr
-    launches = list(fwd.launches) + [
+    # one call of the library's backward (run_mha_bwd) launches all three kernels: the host
+    # dispatches one op (an autograd node) before the first and only launches the others (host_ops 0)
+    launches = [
         Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward",
                period=q_period),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
                pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk),
-               threads_per_block=32 * warps[1], registers_per_thread=registers_per_thread),
+               threads_per_block=32 * warps_bwd, registers_per_thread=registers_per_thread, host_ops=0),
         Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
-               pass_name="backward", period=q_period),
+               pass_name="backward", period=q_period, host_ops=0),
     ]
-    return Program("flash2_training", launches, inputs=fwd.inputs,
-                   outputs={**fwd.outputs, "dQ": dQ, "dK": dK, "dV": dV})
+    return launches, {"dQ": dQ, "dK": dK, "dV": dV}

@@ -1,5 +1,6 @@
-"""Closed-form traffic of the standard-attention variants in standard_variants.py (spec8 sections
-3 and 4), derived on paper: {tensor: (bytes read, bytes written)}.
+"""Closed-form traffic of the standard-attention variants (standard_pytorch_bench.py,
+standard_attention_ref.py, standard_megatron.py; spec8 sections 3 and 4), derived on paper:
+{tensor: (bytes read, bytes written)}.
 
 Notation as in io_formulas: G = batch*heads, e = storage itemsize, NN = G*Nq*Nk (elements of an
 N x N matrix over all heads), N1 = Nq*Nk (one broadcast mask), QD = G*Nq*d, KD = G*Nk*d.

@@ -89,6 +89,17 @@ class AlgorithmSpec:
         sizes = {f: size for f in self.mapping_fields if f.startswith(("block_", "tile_"))}
         return self.mapping_type(**{**sizes, **fields})
 
+    def rectangular(self, rows: int, cols: int, **fields):
+        """The default mapping with the query side's blocks and tiles (fields named block_q* or
+        tile_m) `rows` tall, the key side's (block_kv*, tile_n) `cols` wide, any other block or
+        tile (a GEMM's k-step, tile_k) half of `cols` and at least 1, and `fields` as given: the
+        property tests' sweep over every registered program."""
+        def size(f):
+            return rows if f.startswith(("block_q", "tile_m")) else cols if f.startswith(("block_kv", "tile_n")) \
+                else max(1, cols // 2)
+        sizes = {f: size(f) for f in self.mapping_fields if f.startswith(("block_", "tile_"))}
+        return self.mapping_type(**{**sizes, **fields})
+
     def resolved(self, gpu: GPU, wl: Workload, mapping, training: bool) -> tuple:
         """(mapping with every field a number, notes)."""
         if self.resolve is None:
@@ -121,6 +132,12 @@ def get(name: str, where: str = "") -> AlgorithmSpec:
 def algorithms() -> list[AlgorithmSpec]:
     """Every registered program, in registration order."""
     return list(_REGISTRY.values())
+
+
+def algorithm_variants() -> list[tuple[AlgorithmSpec, str | None]]:
+    """Every registered program with each of its named variants (None where it has none), in
+    registration order, default variant first: what the tests run."""
+    return [(spec, v) for spec in _REGISTRY.values() for v in (spec.variants or (None,))]
 
 
 def mapping_fields() -> tuple:

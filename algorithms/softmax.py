@@ -21,6 +21,15 @@ from hbmsim.simulator import Launch, Program, Tensor
 
 CHUNK = 1024           # columns per load: 4 KiB of fp32 per block in SRAM
 
+# What the online softmax's annotations (ctx.note) mean, for whoever listens (`hbmsim explain`
+# prints them from this table): per note, a heading ({row}, {cols}: the row and the columns of the
+# chunk) and its values, one dict a printed line, each value with the formula that made it.
+NOTES = {
+    "online softmax chunk": {"heading": "row {row}, columns {cols}", "values": (
+        {"m_old": "m_old", "m_new": "m_new = max(m_old, chunk max)", "c": "c = exp(m_old - m_new)",
+         "l": "l = c l + sum exp(x - m_new)"},)},
+}
+
 
 def softmax_program(kind: str, x: Tensor, chunk: int = CHUNK) -> Program:
     """Y = softmax(X) over the last axis with `kind` "safe" (3 passes) or "online" (2 passes)."""

@@ -20,14 +20,22 @@ from hbmsim.simulator import Launch, Program
 
 from .backward_common import d_o_tensor, grad_tensor, named
 from .common import output
-from .standard import GEMM_TILE, gemm_launch, load_panel, mask_panel, panels_of, standard_forward, store_panel
+from .standard import standard_forward
+from .standard_kernels import (GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, gemm_launch, load_panel, mask_panel, panels_of,
+                               store_panel)
 from .workload import AttentionData, Workload
-
-SOFTMAX_BWD_VECTOR_FLOPS = 4      # per element: dP * P, row sum, subtract, multiply
 
 
 def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
+    """The training forward (keeping P, P_drop and the masks in HBM), then the backward."""
     fwd = standard_forward(wl, data, gemm_tile, training=True)
+    bwd, grads = standard_backward(wl, fwd, data, gemm_tile)
+    return Program("standard_training", list(fwd.launches) + bwd, inputs=fwd.inputs,
+                   outputs={"O": fwd.outputs["O"], **grads})
+
+
+def standard_backward(wl: Workload, fwd: Program, data: AttentionData | None, gemm_tile: tuple) -> tuple:
+    """The backward's launches after the training forward `fwd`, and its gradients {dQ, dK, dV}."""
     tensors = named(fwd)
     Q, K, V, P = tensors["Q"], tensors["K"], tensors["V"], tensors["P"]
     g_count, nq, nk = wl.groups, wl.seq_len_q, wl.seq_len_kv
@@ -93,5 +101,4 @@ def standard_training(wl: Workload, data: AttentionData | None = None, gemm_tile
         gemm_launch("gemm_dk", dS, Q, dK, False, gemm_tile, allocs=(dK,), a_transposed=True, frees=(dS,),
                     pass_name="backward"),
     ]
-    outputs = {"O": fwd.outputs["O"], "dQ": dQ, "dK": dK, "dV": dV}
-    return Program("standard_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs=outputs)
+    return bwd, {"dQ": dQ, "dK": dK, "dV": dV}

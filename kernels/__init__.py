@@ -5,10 +5,23 @@ organisation) and a standard-attention baseline (softmax.cu + CuPy matmuls), wit
 - emulation.py: the same .cu compiled by g++ against cuda_emulation.h and run on the CPU, with
   counting, bounds-checked global memory (bytes per tensor; marked "emulated");
 - compile_check.py: nvcc + ptxas for sm_80 / sm_90 without a GPU (registers, shared memory);
-- profile.py: CUDA-event timings and Nsight Compute counters, and the measurement file format.
+- traits.py: what each kernel is (passes, what it measures, tiled or not, how to launch it);
+- profile.py: CUDA-event timings and Nsight Compute counters, and the measurement file format;
+- microbench.py (+ microbench.cu): the achievable rates the hardware presets cite;
+- sm_clock.py: the SM clock sampled through NVML while something is timed.
 
-This package never imports hbmsim.algorithms: tests compare the two. CuPy is imported only
-when a GPU function is called.
+And the implementations others ship, timed on this machine's GPU:
+
+- implementations.py: the one table from an implementation a measured file names (fa2, fa1,
+  pytorch) to the hbmsim program and variant that reproduce it (scenarios/published.py uses it);
+- library_timing.py: PyTorch's FlashAttention-2 kernels and the FA2 paper's PyTorch baseline
+  over the paper's grid, pass by pass;
+- library_nsight.py: those under Nsight Compute and torch.profiler, and ncu's raw page summarised;
+- library.py: their command, `python -m hbmsim.kernels.library` (`hbmsim profile-library`).
+
+This package never imports hbmsim.algorithms or hbmsim.scenarios: tests compare the kernels
+with the programs, and scenarios import from here. CuPy and PyTorch are imported only when a
+GPU function is called.
 """
 from .config import KernelConfig
 from .emulation import Emulator, emulate_flash_attention

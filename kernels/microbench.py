@@ -55,7 +55,7 @@ WARM_S = 1.0          # load before timing, so that the clocks have left idle (3
 def _loop_kernel(cp, fn, sms: int, blocks_per_sm: int, iters: int, warmup: int, repeats: int) -> dict:
     """One wave of fn(out, cycles, iters): seconds, and the SM clock from clock64 deltas."""
     import time
-    from .library import ClockSampler
+    from .sm_clock import ClockSampler
     blocks = sms * blocks_per_sm
     out = cp.empty(blocks * THREADS, dtype=cp.float32)
     cycles = cp.zeros(blocks, dtype=cp.int64)

@@ -31,6 +31,7 @@ import numpy as np
 from hbmsim.simulator import HbmsimError
 
 from .config import KernelConfig
+from .traits import KernelTraits, kernel_traits
 
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum",
                "lts__t_sectors_op_write.sum", "gpu__time_duration.sum")
@@ -47,7 +48,7 @@ _UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "sector": 1,
 @dataclass(frozen=True)
 class RunSpec:
     """One configuration to run, in plain numbers (kernels/ does not import algorithms/)."""
-    kernel: str                 # "flash_attention" (flash_attention.cu) or "standard_attention" (the baseline)
+    kernel: str                 # a name in kernels/traits.py's KERNELS (flash_attention, standard_attention)
     batch: int
     heads: int
     seq_len_q: int
@@ -58,6 +59,10 @@ class RunSpec:
     block_q: int | None = None  # flash_attention only
     block_kv: int | None = None
     scale: float | None = None
+
+    @property
+    def traits(self) -> KernelTraits:
+        return kernel_traits(self.kernel)
 
     def kernel_config(self) -> KernelConfig:
         return KernelConfig(self.dtype, self.block_q, self.block_kv, self.head_dim)
@@ -131,21 +136,15 @@ def gpu_provenance(command: list[str], warmup: int, repeats: int, ncu: str | Non
 
 
 def forward(spec: RunSpec, q, k, v, mask=None):
-    """One forward pass of spec on CuPy inputs; returns O (and lse for flash_attention)."""
-    from . import gpu
-    if spec.kernel == "flash_attention":
-        return gpu.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
-                                   scale=spec.scale)
-    if spec.kernel == "standard_attention":
-        return gpu.standard_attention(q, k, v, causal=spec.causal, scale=spec.scale, mask=mask), None
-    raise HbmsimError(f"profile: no GPU kernel {spec.kernel!r} (flash_attention, standard_attention)")
+    """One forward pass of spec on CuPy inputs; returns (O, lse), lse None for an untiled kernel."""
+    return spec.traits.launch(spec, q, k, v, mask)
 
 
 def time_forward(spec: RunSpec, q, k, v, warmup: int = 3, repeats: int = 20) -> float:
     """Median seconds of one forward pass, timed with CUDA events on the current stream."""
     from .gpu import causal_mask, cupy_module
     cp = cupy_module()
-    mask = causal_mask(spec.seq_len_q, spec.seq_len_kv) if spec.causal and spec.kernel == "standard_attention" else None
+    mask = causal_mask(spec.seq_len_q, spec.seq_len_kv) if spec.causal and spec.traits.causal_mask_tensor else None
     for _ in range(warmup):
         forward(spec, q, k, v, mask)
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -232,7 +231,7 @@ def measure_on_gpu(spec: RunSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, *
     qd, kd, vd = (cp.asarray(x) for x in (q, k, v))
     o, _ = forward(spec, qd, kd, vd)
     out = {"o": cp.asnumpy(o), "time_s": time_forward(spec, qd, kd, vd, warmup, repeats)}
-    if spec.kernel == "flash_attention":
+    if spec.traits.tiled:
         out["smem_bytes_per_block"] = spec.kernel_config().smem_bytes
     if ncu:
         out.update(ncu_fields(ncu_measure(spec, q, k, v, ncu)))
@@ -248,7 +247,7 @@ def _worker(run_json: str) -> int:
     data = np.load(run["inputs"])
     q, k, v = (cp.asarray(data[n]) for n in ("q", "k", "v"))        # host-to-device copies, no kernels
     mask = None
-    if spec.causal and spec.kernel == "standard_attention":          # built on the host: no kernels
+    if spec.causal and spec.traits.causal_mask_tensor:              # built on the host: no kernels
         i, j = np.arange(spec.seq_len_q)[:, None], np.arange(spec.seq_len_kv)[None, :]
         mask = cp.asarray(j <= i + (spec.seq_len_kv - spec.seq_len_q))
     forward(spec, q, k, v, mask)

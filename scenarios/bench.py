@@ -85,7 +85,6 @@ def time_mode(exp, fast: bool, progress: bool) -> dict:
             "bare_simpy_wall_s": round(bare_s, 3), "ratio_to_bare_simpy": round(wall_s / bare_s, 2)}
 
 
-MODES = ("both", "fast", "full")
 CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
 
 

@@ -20,7 +20,6 @@ from hbmsim.simulator import GPU, HbmsimError, load_gpu
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 
-PASSES = ("forward", "backward")
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
                    "causal", "key_padding_mask", "dropout", "scale")
 
@@ -207,23 +206,48 @@ def load_experiment(ref: str | Path) -> Experiment:
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
         raise HbmsimError(f"{where}: needs at least one [[runs]] table")
     run_tables = [dict(r) for r in runs]
+    sweep = _sweep(where, data)
+    gpu_for = _hardware_of_points(where, path.parent, overrides)
+    configs = []
+    keys = list(sweep)
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        point = dict(zip(keys, combo))
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        swept = f" (sweep {label})" if label else ""
+        gpu = gpu_for(point.get("hardware", data["hardware"]),
+                      {k: v for k, v in point.items() if k in HARDWARE_SWEEP_FIELDS and k != "hardware"}, swept)
+        wl = make_workload(where + swept, _point_workload(workload, point))
+        for i, rt in enumerate(run_tables):
+            at = f"{where} [[runs]] #{i + 1}" + swept
+            configs.append(Config(gpu, wl, make_run(at, _point_run(rt, point)), where=at, point=point))
+    first_gpu = configs[0].gpu
+    return Experiment(name=name, path=where, gpu=first_gpu, configs=configs)
+
+
+def _sweep(where: str, data: dict) -> dict:
+    """The [sweep] table, each key a workload, run or hardware field with a non-empty list."""
     sweep = _table(where, data, "sweep", required=False)
     for key, values in sweep.items():
         if key not in WORKLOAD_FIELDS and key not in run_fields() and key not in HARDWARE_SWEEP_FIELDS:
             raise HbmsimError(f"{where} [sweep]: '{key}' names neither a workload, a run nor a hardware field")
         if not isinstance(values, list) or not values:
             raise HbmsimError(f"{where} [sweep]: '{key}' = {values!r} must be a non-empty list")
+    return sweep
+
+
+def _hardware_of_points(where: str, base_dir: Path, overrides: dict):
+    """gpu_for(ref, swept hardware fields, " (sweep ...)"): the hardware of one sweep point (the
+    preset or file, the overrides, the swept fields), each made once."""
     gpus: dict = {}
 
-    def gpu_for(ref, hw_point: dict, label: str) -> GPU:
-        """The hardware of one sweep point: the preset or file, the overrides, the swept fields."""
+    def gpu_for(ref, hw_point: dict, swept: str) -> GPU:
         key = (ref if isinstance(ref, str) else repr(ref), tuple(hw_point.items()))
         if key not in gpus:
-            at = where + (f" (sweep {label})" if label else "")
+            at = where + swept
             if not isinstance(ref, str):
                 raise HbmsimError(f"{at}: field 'hardware' = {ref!r} must be a preset name or a path")
             try:
-                gpu = resolve_hardware(ref, path.parent)
+                gpu = resolve_hardware(ref, base_dir)
             except HbmsimError as err:
                 raise HbmsimError(f"{at}: {err}") from None
             if overrides:
@@ -232,31 +256,30 @@ def load_experiment(ref: str | Path) -> Experiment:
                 gpu = gpu.with_overrides(hw_point, f"{at} [sweep]")
             gpus[key] = gpu
         return gpus[key]
+    return gpu_for
 
-    configs = []
-    keys = list(sweep)
-    for combo in itertools.product(*(sweep[k] for k in keys)):
-        point = dict(zip(keys, combo))
-        label = ", ".join(f"{k}={v}" for k, v in point.items())
-        gpu = gpu_for(point.get("hardware", data["hardware"]),
-                      {k: v for k, v in point.items() if k in HARDWARE_SWEEP_FIELDS and k != "hardware"}, label)
-        w = dict(workload)
-        for k, v in point.items():
-            if k in WORKLOAD_FIELDS:
-                if k == "seq_len":
-                    w.pop("seq_len_q", None)
-                    w.pop("seq_len_kv", None)
-                w[k] = v
-        wl = make_workload(where + (f" (sweep {label})" if label else ""), w)
-        for i, rt in enumerate(run_tables):
-            r = dict(rt)
-            r.update({k: v for k, v in point.items() if k in ("algorithm", "passes")})   # first: they decide
-            alg = r.get("algorithm")
-            own = registry.get(alg).mapping_fields if alg in [a.name for a in registry.algorithms()] else ()
-            for k, v in point.items():          # the mapping fields that apply to this run's program
-                if k in own:
-                    r[k] = v
-            at = f"{where} [[runs]] #{i + 1}" + (f" (sweep {label})" if label else "")
-            configs.append(Config(gpu, wl, make_run(at, r), where=at, point=point))
-    first_gpu = configs[0].gpu
-    return Experiment(name=name, path=where, gpu=first_gpu, configs=configs)
+
+def _point_workload(workload: dict, point: dict) -> dict:
+    """The [workload] table with a sweep point's workload fields (a swept seq_len replaces
+    seq_len_q and seq_len_kv)."""
+    w = dict(workload)
+    for k, v in point.items():
+        if k in WORKLOAD_FIELDS:
+            if k == "seq_len":
+                w.pop("seq_len_q", None)
+                w.pop("seq_len_kv", None)
+            w[k] = v
+    return w
+
+
+def _point_run(run_table: dict, point: dict) -> dict:
+    """A [[runs]] table with a sweep point's algorithm and passes, then the mapping fields that
+    apply to the run's program."""
+    r = dict(run_table)
+    r.update({k: v for k, v in point.items() if k in ("algorithm", "passes")})   # first: they decide
+    alg = r.get("algorithm")
+    own = registry.get(alg).mapping_fields if alg in [a.name for a in registry.algorithms()] else ()
+    for k, v in point.items():          # the mapping fields that apply to this run's program
+        if k in own:
+            r[k] = v
+    return r

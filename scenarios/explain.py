@@ -12,6 +12,11 @@ O, and the bytes each kernel moves through global memory); flash attention (flas
 l, the unnormalised O, the final division by l); flash2's backward pass (D = rowsum(dO o O),
 and per tile P recomputed from the log-sum-exp, dV, dP, dS, dQ, dK); and softmax on its own
 (algorithms/softmax.py): three passes over global memory (safe), two (online), none (fused).
+
+The flash and softmax parts print the programs' annotations as the programs describe them (each
+module's NOTES: a heading and, per value, the formula that made it); `render` knows no note by name.
+The default example is the project's worked example (README, tests/conftest.py's `seed` fixture,
+`hbmsim demo`'s first lines): its data is written here only.
 """
 from __future__ import annotations
 
@@ -21,19 +26,32 @@ from pathlib import Path
 
 import numpy as np
 
+from hbmsim.algorithms import registry
+from hbmsim.algorithms.flash2 import NOTES as FLASH2_NOTES
 from hbmsim.algorithms.flash2_backward import flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
+from hbmsim.algorithms.softmax import NOTES as SOFTMAX_NOTES
 from hbmsim.algorithms.softmax import softmax_program
 from hbmsim.algorithms.standard import standard_forward
 from hbmsim.algorithms.workload import AttentionData, Workload
 from hbmsim.simulator import HbmsimError, Tensor, simulate
 
-# The worked example (README, "What the demo shows"): 4 x 4, scale 1, blocks of 2.
+# The worked example (README, "What the demo shows"): 4 x 4, scale 1, blocks of 2; V = 1..16.
 DEFAULT_Q = [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]]
 DEFAULT_K = [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]]
 DEFAULT_V = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
 DEFAULT_DO = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
 MAX_ROWS, MAX_HEAD_DIM = 256, 256    # a walkthrough prints every score: bigger is for `hbmsim run`
+
+# flash2's backward annotations (ctx.note in algorithms/flash2_backward.py), described as the
+# forward's are in algorithms/flash2.py's NOTES: here until that module exports its own table.
+FLASH2_BACKWARD_NOTES = {
+    "flash2 D": {"heading": "rows {rows}", "values": ({"D": "D = rowsum(dO o O)"},)},
+    "flash2 bwd tile": {"heading": "tile: query rows {rows}, keys {cols}", "values": (
+        {"lse": "lse (the forward's log-sum-exp)"}, {"P": "P = exp(scale Q K^T - lse)"},
+        {"dV": "dV_j += P^T dO"}, {"dP": "dP = dO V^T"}, {"dS": "dS = P o (dP - D)"},
+        {"dQ": "dQ_i += scale dS K"}, {"dK": "dK_j += scale dS^T Q"})},
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,23 @@ class Example:
 def default_example(**options) -> Example:
     arrays = [np.array(a, dtype=float) for a in (DEFAULT_Q, DEFAULT_K, DEFAULT_V, DEFAULT_DO)]
     return Example(*arrays, **options)
+
+
+def every_program(gpu) -> str:
+    """`hbmsim demo`'s first lines: the default example through every registered program (every
+    block and tile 2 wide), each program's O against the float64 reference."""
+    ex = default_example()
+    wl = ex.workload()
+    data = lambda: AttentionData(ex.q[None, None].copy(), ex.k[None, None].copy(), ex.v[None, None].copy())
+    o_ref, _ = attention_forward(wl, data())
+    lines = ["Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator",
+             np.array2string(o_ref[0, 0], precision=2)]
+    for spec in registry.algorithms():
+        mapping, _ = spec.resolved(gpu, wl, spec.uniform(2), False)
+        prog = spec.build(wl, mapping, data(), False)
+        o = simulate(gpu, prog).outputs["O"][0]
+        lines.append(f"  {prog.name:17s} max |O - reference| = {np.max(np.abs(o - o_ref[0, 0])):.1e}")
+    return "\n".join(lines)
 
 
 def random_example(nq: int, nkv: int, d: int, seed: int, **options) -> Example:
@@ -127,6 +162,10 @@ class Notes:
     def of(self, what: str) -> list:
         return [n for n in self.notes if n[3] == what]
 
+    def described(self, table: dict, block: int | None = None) -> list:
+        """The annotations `table` (a program's NOTES) describes, of thread block `block` or all."""
+        return [n for n in self.notes if n[3] in table and (block is None or n[2] == block)]
+
 
 def fmt(x, digits: int = 3) -> str:
     """A number or a vector with `digits` decimals (-inf as -inf)."""
@@ -136,10 +175,45 @@ def fmt(x, digits: int = 3) -> str:
     return "[" + ", ".join(fmt(v, digits) for v in a) + "]"
 
 
-def _matrix(name: str, a) -> str:
+def _matrix(name: str, a, indent: str = "  ") -> str:
     """`name =` then the matrix, a row per line."""
     rows = np.atleast_2d(np.asarray(a, dtype=float))
-    return f"  {name} =\n" + "\n".join(f"      {fmt(r)}" for r in rows)
+    return f"{indent}{name} =\n" + "\n".join(f"{indent}    {fmt(r)}" for r in rows)
+
+
+def _heading(template: str | None, values: dict) -> str:
+    """A NOTES heading with {rows}, {cols} (spans, printed first..last) and {row} filled in."""
+    if template is None:
+        return ""
+    spans = {k: f"{v[0]}..{v[1] - 1}" if isinstance(v, tuple) else v for k, v in values.items()
+             if k in ("g", "row", "rows", "cols")}
+    return template.format(**spans)
+
+
+def render(about: dict, values: dict, indent: str) -> list:
+    """One annotation as its program describes it (`about`: an entry of the program's NOTES): the
+    heading, then each line of values, `label = value`, per query row ("per_row") or once
+    ("values", where a matrix takes a line per row)."""
+    head = _heading(about["heading"], values)
+    line = lambda labels, pick: ", ".join(f"{label} = {fmt(pick(values[key]))}" for key, label in labels.items())
+    if "per_row" in about:
+        out = [f"{indent}{head}:"] if head else []
+        inner = indent + "  " if head else indent
+        r0, r1 = values["rows"]
+        for i in range(r1 - r0):
+            lead = f"row {r0 + i}: "
+            out += [inner + (lead if j == 0 else " " * len(lead)) + line(labels, lambda v: v[i])
+                    for j, labels in enumerate(about["per_row"])]
+        return out
+    out = [f"{indent}{head}:"]
+    for n, labels in enumerate(about["values"]):
+        if any(np.ndim(values[key]) == 2 for key in labels):
+            out += [_matrix(label, values[key], indent + "  ") for key, label in labels.items()]
+        elif n == 0:                                     # the first line of values ends the heading's
+            out[0] += " " + line(labels, lambda v: v)
+        else:
+            out.append(indent + "  " + line(labels, lambda v: v))
+    return out
 
 
 def _bytes_by_kernel(result) -> list:
@@ -195,28 +269,15 @@ def flash_part(ex: Example, gpu) -> tuple[list, dict]:
                       trace=notes.trace, listener=notes.note)
     out = [f"2. Flash attention (flash2), query blocks of {ex.block_q}, key/value blocks of {ex.block_kv}: "
            "S and P never leave the chip", ""]
-    tiles = notes.of("flash2 tile")
-    finals = {(v["g"], v["rows"]): v for *_, v in notes.of("flash2 final")}
-    for rows in sorted({v["rows"] for *_, v in tiles}):
-        block = next(b for _, k, b, w, v in tiles if v["rows"] == rows)
+    described = notes.described(FLASH2_NOTES)
+    for kernel, block in sorted({(n[1], n[2]) for n in described}, key=lambda kb: kb[1]):
+        mine = [n for n in described if n[1:3] == (kernel, block)]
+        rows = mine[0][4]["rows"]
         out.append(f"  query rows {rows[0]}..{rows[1] - 1} (thread block {block}):")
-        for t, sm, kernel, b, what in notes.loads:
-            if kernel == "flash2_fwd" and b == block:
-                out.append(f"    t = {t * 1e9:8.3f} ns  load {what}")
-        for *_, v in (n for n in tiles if n[4]["rows"] == rows):
-            c0, c1 = v["cols"]
-            out.append(f"    tile keys {c0}..{c1 - 1}:")
-            for i in range(len(v["m_new"])):
-                r = rows[0] + i
-                out.append(f"      row {r}: S = {fmt(v['S'][i])}, tile max {fmt(v['tile_max'][i])}, "
-                           f"m {fmt(v['m_old'][i])} -> {fmt(v['m_new'][i])}, c = exp(m_old - m_new) = "
-                           f"{fmt(v['c'][i])}")
-                out.append(f"              exp(S - m) = {fmt(v['P'][i])}, l = c l + sum = {fmt(v['l'][i])}, "
-                           f"O (unnormalised) = c O + P V = {fmt(v['O'][i])}")
-        fin = finals[(0, rows)]
-        for i in range(len(fin["l"])):
-            out.append(f"    row {rows[0] + i}: O = O / l = {fmt(fin['O'][i])}, log-sum-exp m + log l = "
-                       f"{fmt(fin['lse'][i])}")
+        out += [f"    t = {t * 1e9:8.3f} ns  load {what}"
+                for t, _, k, b, what in notes.loads if (k, b) == (kernel, block)]
+        for *_, what, values in mine:
+            out += render(FLASH2_NOTES[what], values, "    ")
     fwd = [k for k in result.kernels if k.pass_name == "forward"]
     moved = sum(k.total("read") + k.total("write") for k in fwd)
     out.append(f"  Global-memory bytes of the forward: {moved} B (Q, K, V read, O and the log-sum-exp written; "
@@ -228,16 +289,8 @@ def backward_part(ex: Example, flash: dict) -> list:
     notes, result = flash["notes"], flash["result"]
     wl = ex.workload()
     out = ["3. The backward pass (flash2): P is recomputed from the log-sum-exp, never read", ""]
-    for *_, v in notes.of("flash2 D"):
-        out.append(f"  D = rowsum(dO o O), rows {v['rows'][0]}..{v['rows'][1] - 1}: {fmt(v['D'])}")
-    for *_, v in notes.of("flash2 bwd tile"):
-        (r0, r1), (c0, c1) = v["rows"], v["cols"]
-        out.append(f"  tile: query rows {r0}..{r1 - 1}, keys {c0}..{c1 - 1}:")
-        out.append("  " + _matrix("P = exp(scale Q K^T - lse)", v["P"]))
-        for name in ("dV", "dP", "dS", "dQ", "dK"):
-            label = {"dV": "dV_j += P^T dO", "dP": "dP = dO V^T", "dS": "dS = P o (dP - D)",
-                     "dQ": "dQ_i += scale dS K", "dK": "dK_j += scale dS^T Q"}[name]
-            out.append("  " + _matrix(label, v[name]))
+    for *_, what, values in notes.described(FLASH2_BACKWARD_NOTES):
+        out += render(FLASH2_BACKWARD_NOTES[what], values, "  ")
     for name in ("dQ", "dK", "dV"):
         out.append(_matrix(f"final {name}", result.outputs[name].reshape(-1, wl.head_dim)))
     return out
@@ -256,11 +309,8 @@ def softmax_part(ex: Example, gpu, s: np.ndarray) -> list:
         t = r.kernels[0].tensors
         out.append(f"  {kind} softmax ({passes}): X {t['X'].read} B read, Y {t['Y'].write} B written, "
                    f"{r.time_s * 1e9:.1f} ns predicted")
-        if kind == "online":
-            for *_, v in notes.of("online softmax chunk"):
-                if v["row"] == 0:
-                    out.append(f"    row 0, columns {v['cols'][0]}..{v['cols'][1] - 1}: m {fmt(v['m_old'])} -> "
-                               f"{fmt(v['m_new'])}, c = {fmt(v['c'])}, l = {fmt(v['l'])}")
+        for *_, what, values in notes.described(SOFTMAX_NOTES, block=0):      # block 0: row 0
+            out += render(SOFTMAX_NOTES[what], values, "    ")
     out.append("  fused into attention (flash2): 0 B: the scores never leave the chip (part 2)")
     return out
 

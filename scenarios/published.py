@@ -1,31 +1,27 @@
 """Published measurements as measured files: the CSV that others' papers give, converted into the
 `compare` schema with `"source": "published"`, the citation, GPU, set-up and FLOP convention in
-the file, and on every run the program, variant and hardware preset that reproduce it.
+the file, and on every run the program, variant and hardware preset that reproduce it (the
+program and variant of each implementation: kernels/implementations.py).
 
-The shipped files live in scenarios/measured/ and were made with `convert_fa2_paper_csv` from
-../shared/published/fa2-paper-fwd-bwd.csv (tests check that they still equal that conversion).
+The shipped file scenarios/measured/fa2-paper-fwd-bwd.json is `convert_fa2_paper_csv` of
+../shared/published/fa2-paper-fwd-bwd.csv (a test checks that it still is). After a change to
+the CSV or to the conversion, rebuild it with
+
+    python -m hbmsim.scenarios.published ../shared/published/fa2-paper-fwd-bwd.csv
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
+from hbmsim.kernels.implementations import IMPLEMENTATIONS
 from hbmsim.simulator import HbmsimError
 
 MEASURED_DIR = Path(__file__).parent / "measured"
-
-# Which hbmsim program and variant reproduces each implementation the FlashAttention-2 paper
-# timed (see the README's Mappings table for the sources of each variant).
-FA2_PAPER_IMPLEMENTATIONS = {
-    "fa2": {"algorithm": "flash2", "variant": "fa2-kernel",
-            "why": "FlashAttention-2 v2.0.x, the paper's release (July 2023)"},
-    "fa1": {"algorithm": "flash1", "variant": "fa1-kernel",
-            "why": "FlashAttention v1.0.9, the newest v1 at the time (Dao-AILab/flash-attention#505), which "
-                   "splits the query sequence across thread blocks"},
-    "pytorch": {"algorithm": "standard", "variant": "pytorch-bench",
-                "why": "attention_pytorch of benchmarks/benchmark_flash_attention.py"},
-}
+FA2_PAPER_FILE = MEASURED_DIR / "fa2-paper-fwd-bwd.json"
 
 FA2_PAPER_PROVENANCE = {
     "short": "FlashAttention-2 paper (Dao 2023, arXiv 2307.08691), Fig. 4 (A100) and Fig. 7 (H100)",
@@ -48,13 +44,13 @@ def convert_fa2_paper_csv(csv_path: str | Path) -> dict:
     with Path(csv_path).open(newline="") as fh:
         for i, row in enumerate(csv.DictReader(fh)):
             where = f"{csv_path}: row {i + 2}"
-            impl = FA2_PAPER_IMPLEMENTATIONS.get(row["implementation"])
+            impl = IMPLEMENTATIONS.get(row["implementation"])
             if impl is None:
                 raise HbmsimError(f"{where}: field 'implementation' = {row['implementation']!r} must be one of "
-                                  f"{', '.join(FA2_PAPER_IMPLEMENTATIONS)}")
+                                  f"{', '.join(IMPLEMENTATIONS)}")
             n = int(row["seq_len"])
             runs.append({
-                "algorithm": impl["algorithm"], "variant": impl["variant"], "implementation": row["implementation"],
+                "algorithm": impl.algorithm, "variant": impl.variant, "implementation": row["implementation"],
                 "pass": row["pass"], "hardware": row["gpu"], "source": "published",
                 "workload": {"batch": int(row["batch"]), "heads": int(row["heads"]), "seq_len": n, "seq_len_q": n,
                              "seq_len_kv": n, "head_dim": int(row["head_dim"]), "dtype": row["dtype"],
@@ -66,8 +62,7 @@ def convert_fa2_paper_csv(csv_path: str | Path) -> dict:
                 "citation": row["source"],
             })
     return {"source": "published", "provenance": {**FA2_PAPER_PROVENANCE, "implementations": {
-        k: f"hbmsim algorithm {v['algorithm']}, variant {v['variant']}: {v['why']}"
-        for k, v in FA2_PAPER_IMPLEMENTATIONS.items()}}, "runs": runs}
+        name: impl.describe(impl.in_fa2_paper) for name, impl in IMPLEMENTATIONS.items()}}, "runs": runs}
 
 
 def measured_names() -> list[str]:
@@ -89,6 +84,27 @@ def resolve_measured(ref: str) -> Path:
                            "a measured JSON file or a shipped measured file's name")
 
 
-def write_fa2_paper(csv_path: str | Path, out: str | Path = MEASURED_DIR / "fa2-paper-fwd-bwd.json") -> Path:
+def write_fa2_paper(csv_path: str | Path, out: str | Path = FA2_PAPER_FILE) -> Path:
+    """Convert the FlashAttention-2 paper's CSV and write it as a measured file (by default the
+    shipped scenarios/measured/fa2-paper-fwd-bwd.json)."""
     Path(out).write_text(json.dumps(convert_fa2_paper_csv(csv_path), indent=1) + "\n")
     return Path(out)
+
+
+def main(argv=None) -> int:
+    """`python -m hbmsim.scenarios.published CSV [--out JSON]`: rebuild the shipped file."""
+    p = argparse.ArgumentParser(prog="python -m hbmsim.scenarios.published",
+                                description="Convert the FlashAttention-2 paper's CSV into its measured file.")
+    p.add_argument("csv", help="the paper's numbers (../shared/published/fa2-paper-fwd-bwd.csv)")
+    p.add_argument("--out", default=str(FA2_PAPER_FILE), help="measured file to write (default: the shipped one)")
+    a = p.parse_args(argv)
+    try:
+        print(write_fa2_paper(a.csv, a.out))
+    except (HbmsimError, OSError, KeyError, ValueError) as err:      # a missing file, column or number
+        print(f"published: {a.csv}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

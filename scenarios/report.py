@@ -1,6 +1,7 @@
 """Readable output: the results table, the standard/flash ratios, and the demo's figure."""
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -9,17 +10,29 @@ from hbmsim.algorithms import registry
 from .outputs import pyplot, save_figure
 
 
+# A figure is printed with 3 significant digits in the smallest unit that keeps it under 1000:
+# 1.95 TB, not 1.95e+03 GB; 150 s, not 1.5e+05 ms.
+BYTE_UNITS = (("B", 1.0), ("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12), ("PB", 1e15), ("EB", 1e18))
+TIME_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("min", 60.0), ("h", 3600.0))
+
+
+def _in_units(x: float, units: tuple, first: int = 0) -> tuple[int, str]:
+    """(index of the unit, x in it to 3 significant digits): from units[first] up, the first unit
+    whose figure, once rounded, is under 1000 (the last unit takes any figure)."""
+    i = first
+    while i + 1 < len(units) and abs(float(f"{x / units[i][1]:.3g}")) >= 1000:
+        i += 1
+    return i, f"{x / units[i][1]:.3g}"
+
+
 def fmt_bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
+    i, figure = _in_units(n, BYTE_UNITS)
+    return f"{n:.0f} B" if i == 0 else f"{figure} {BYTE_UNITS[i][0]}"
 
 
 def fmt_time(s: float) -> str:
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"
+    i, figure = _in_units(s, TIME_UNITS, first=0 if abs(s) < 1e-3 else 1)
+    return f"{figure} {TIME_UNITS[i][0]}"
 
 
 def _spec(r: dict):
@@ -28,14 +41,32 @@ def _spec(r: dict):
 
 
 def _mapping(r: dict) -> str:
-    """The run's mapping as its program writes it (e.g. 128x64, gemm 128x128x128)."""
+    """The run's mapping as its program writes it (e.g. 128x64, gemm 128x128x128); a forward
+    row's without the backward's choices (they do not apply to it)."""
     spec = _spec(r)
     if spec is None:
         return "?"
+    fields = {f: r[f] for f in spec.mapping_fields if f in r}
+    if r.get("pass") == "forward":
+        fields = forward_fields(spec, fields)
     try:
-        return spec.describe(spec.mapping_type(**{f: r[f] for f in spec.mapping_fields if f in r}))
+        return spec.describe(spec.mapping_type(**fields))
     except (TypeError, KeyError):
         return "?"
+
+
+def forward_fields(spec, fields: dict) -> dict:
+    """The mapping fields as the forward pass sees them: each backward block or tile (a field
+    named X_bwd beside an X) equal to the forward's, each backward-only choice (bwd_*) at its
+    default, so that the program's `describe` says nothing of the backward."""
+    defaults = {f.name: f.default for f in dataclasses.fields(spec.mapping_type)}
+    out = dict(fields)
+    for name in fields:
+        if name.endswith("_bwd") and name[:-len("_bwd")] in fields:
+            out[name] = fields[name[:-len("_bwd")]]
+        elif name.startswith("bwd_") and defaults.get(name, dataclasses.MISSING) is not dataclasses.MISSING:
+            out[name] = defaults[name]
+    return out
 
 
 def _key(r: dict) -> tuple:

@@ -87,12 +87,13 @@ def _task(cfg, count_only: bool, model: TimeModel, fast: bool) -> list:
 
 def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None = None, workers: int | None = None,
               scheduler: str | None = None, log: ResultsLog | None = None, results: list | None = None,
-              on_result: Callable | None = None, progress: Callable | None = None, fast: bool = False) -> list[dict]:
+              on_result: Callable | None = None, progress: Callable | None = None, fast: bool = False,
+              on_config: Callable | None = None) -> list[dict]:
     """Run the experiment's configurations, those in `log` skipped, on `workers` local processes
     (a LocalCluster), on the cluster at `scheduler`, or here one after the other (neither given).
     `results` (the caller's list) holds, in the experiment's order, every configuration finished
-    so far, so that an error or Ctrl-C keeps them; `on_result(results)` and
-    `progress(done, n, cfg, result, None)` are called as each one arrives. `fast`: as run_config."""
+    so far, so that an error or Ctrl-C keeps them; `on_result(results)`, `on_config(i, its results)`
+    and `progress(done, n, cfg, result, None)` are called as each one arrives. `fast`: as run_config."""
     model = TimeModel() if model is None else model
     results = [] if results is None else results
     keys = [config_key(cfg, model, fast) for cfg in exp.configs]
@@ -107,6 +108,8 @@ def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None
         if log is not None:
             log.append(i, keys[i], rs)
         results[:] = [r for j in sorted(got) for r in got[j]]
+        if on_config:
+            on_config(i, rs)
         if on_result:
             on_result(results)
         if progress:

@@ -1,4 +1,5 @@
 """The engine: programs of kernel launches (program.py) run on a SimPy model of HBM, L2 and the SMs.
+A block's calls reach the machine through its context (context.py).
 
 - HBM: one SharedPool (bytes/s, fair share among transfers in flight) plus a fixed latency.
 - L2 (when l2_bytes > 0): a tile-granular write-back LRU; hits are served by an L2 FifoPipe.
@@ -22,56 +23,17 @@ from typing import Callable
 
 import simpy
 
+from .context import LaunchState, MachineContext
 from .errors import HbmsimError
 from .fold import LaunchFold, fold_unit_blocks
 from .hardware import GPU
 from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
-from .program import BlockContext, Launch, Program
+from .program import Launch, Program
 from .results import KernelResult, SimResult
 from .simpy_adapter import Inline, events_scheduled
-from .time_model import LIBRARY, TENSOR_OPS, SmRates, TimeModel, hbm_rate
-
-
-class LaunchState:
-    """What one running launch's block slots share: the next block to hand out, how many slots
-    still run, and the stores (and write-backs) still draining, which the kernel waits for."""
-
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "_tensors",
-                 "with_data")
-
-    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY):
-        self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
-        self.next_block = 0
-        self.running = running
-        self.done = env.event()          # the last slot has run out of blocks
-        self.stores = 0                  # HBM stores in flight
-        self.drain_s = 0.0               # when the last store queued at L2 is served
-        self.drained = None              # fired when `stores` reaches 0, if the kernel waits
-        self.fold = None                 # a fold.LaunchFold when this launch may be folded
-        self._tensors: dict = {}         # id of a kernel record -> (record, what its contexts know of each tensor)
-        self.with_data = False           # whether a tensor the launch touched has data (else: count-only)
-
-    def tensors_of(self, kernel: KernelResult) -> dict:
-        """The launch's contexts' shared notes on each tensor (BlockContext._tensor), for the
-        kernel record `kernel` (a launch's records live until it ends: their ids stay theirs)."""
-        entry = self._tensors.get(id(kernel))
-        if entry is None or entry[0] is not kernel:
-            entry = self._tensors[id(kernel)] = (kernel, {})
-        return entry[1]
-
-    def track_store(self, hbm_ev, l2_done_s: float) -> None:
-        """A store (or atomic, or write-back) nobody waits on: the kernel ends only after it."""
-        if l2_done_s > self.drain_s:
-            self.drain_s = l2_done_s
-        if hbm_ev is not None:
-            self.stores += 1
-            hbm_ev.callbacks.append(self._store_done)
-
-    def _store_done(self, _event) -> None:
-        self.stores -= 1
-        if self.stores == 0 and self.drained is not None:
-            self.drained.succeed()
+from .host import DEFAULT_HOST
+from .time_model import TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -98,7 +60,8 @@ class Machine:
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
-    def compute(self, ctx: BlockContext, matmul_flops: int, vector_flops: int, sram_bytes: int, exp_ops: int) -> float:
+    def compute(self, ctx: MachineContext, matmul_flops: int, vector_flops: int, sram_bytes: int,
+                exp_ops: int) -> float:
         k = ctx.kernel
         k.matmul_flops += matmul_flops
         k.vector_flops += vector_flops
@@ -172,7 +135,7 @@ class Machine:
         slots = self.slots_per_sm(launch)
         self._alloc(launch.allocs)
         k = KernelResult(launch.name, launch.grid, launch.sram_bytes, slots, launch.pass_name,
-                         start_s=env.now, hbm_peak_bytes=self.live_bytes)
+                         start_s=env.now, hbm_peak_bytes=self.live_bytes, host_ops=launch.host_ops)
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
@@ -204,7 +167,7 @@ class Machine:
         """One block slot on one SM: runs blocks in linear order until the grid is exhausted.
         The blocks run inline (simpy_adapter.Inline: the events they wait for resume them
         directly, not through this process, which only waits for the last one to end)."""
-        ctx = BlockContext(self, sm, k, state)
+        ctx = MachineContext(self, sm, k, state)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
@@ -244,7 +207,8 @@ class Machine:
         for (name, pass_name), nb in self.l2.flush():
             by_pass.setdefault(pass_name, []).append((name, nb))
         for pass_name, dirty in by_pass.items():
-            k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=self.env.now, hbm_peak_bytes=self.live_bytes)
+            k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=self.env.now, hbm_peak_bytes=self.live_bytes,
+                             host_ops=0, launched=False)     # the L2's own work at the pass's end: no launch
             self.kernels.append(k)
             hbm0, _ = self._busy()
             for name, nb in dirty:
@@ -283,7 +247,7 @@ class Machine:
         events = events_scheduled(self.env)
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
-            kernels=self.kernels, sim_events=events,
+            kernels=self.kernels, sim_events=events, host=DEFAULT_HOST if self.model.host else None,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )
 

@@ -3,21 +3,18 @@
 A Program is a list of kernel Launches run in order. A Launch has a grid of thread blocks, the
 SRAM one block needs, and a block function: a generator run once per block against a
 BlockContext, whose calls (`load`, `load_tiles`, `prefetch`/`wait`, `store`, `store_tiles`,
-`atomic_add`, `compute`) move tiles and use the SM. Every byte a result reports was counted
-here, by those calls. The engine that runs programs is machine.py.
+`atomic_add`, `compute`, `compute_chain`, `note`) move tiles and use the SM. Every byte a result
+reports was counted by those calls.
+
+This module is the interface a program's author sees, and knows nothing of the engine: the
+engine (machine.py) runs programs, and its context (context.py) is what a block's calls reach.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-from .errors import HbmsimError
-from .results import KernelResult
-from .simpy_adapter import timers
-from .tensor import Tensor, TensorView
-
-if TYPE_CHECKING:
-    from .machine import LaunchState, Machine
+from .tensor import TensorView
 
 
 @dataclass(frozen=True)
@@ -42,6 +39,10 @@ class Launch:
     # 0: not known, only shared memory and max_blocks_per_sm limit them
     threads_per_block: int = 0
     registers_per_thread: int = 0
+    # the framework ops (eager PyTorch ops, or autograd nodes in a backward) the host dispatches
+    # before this launch, the op that launches it included (host.py): 1 for a kernel an op of its
+    # own launches; 0 for a kernel the same op launched after the previous one
+    host_ops: int = 1
 
 
 @dataclass
@@ -52,236 +53,50 @@ class Program:
     outputs: dict = field(default_factory=dict)     # name -> Tensor, returned as numpy
 
 
-def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
-    if s.start is None or s.stop is None or not (0 <= s.start < s.stop <= limit):
-        raise HbmsimError(f"tensor {tensor.name}: {what} slice {s.start}:{s.stop} outside 0:{limit}")
-    return s.stop - s.start
-
-
-class BlockContext:
+class BlockContext(Protocol):
     """What a block sees: load, store, compute. Every call is used as `yield from ctx.load(...)`:
     the loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
-    called and return the events to wait for (none, or one), cheaper than a generator."""
+    called and return the events to wait for (none, or one). A tile is a view of a tensor's
+    batch-head (`tensor[g]`) with a row and a column slice; the machine checks its bounds."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of")
-
-    def __init__(self, machine: "Machine", sm: int, kernel: KernelResult, launch_state: "LaunchState"):
-        self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
-        self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
-        # per tensor, what _issue needs of it for `self.kernel` (shared by the launch's contexts): see _tensor
-        self._tensors, self._tensors_of = launch_state.tensors_of(kernel), kernel
+    sm: int          # the SM the block runs on
+    block: int       # the block's index in its launch's grid
 
     def load(self, view: TensorView, rows: slice, cols: slice):
         """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
-        tiles = yield from self.load_tiles((view, rows, cols))
-        return tiles[0]
 
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
-        for all of them. Each tile is (view, rows, cols); returns the list of tiles.
-        (prefetch + wait, written out: this is the hottest call.)"""
-        ev, l2_done_s = self._issue(tiles, False)
-        if ev is not None:
-            yield ev
-        now = self._m.env._now
-        if l2_done_s > now:
-            yield self._after(l2_done_s - now)
-        if not self._launch.with_data:           # count-only: none of the tensors has data
-            return [None] * len(tiles)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
+        for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
 
     def prefetch(self, *tiles):
         """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
         block can compute meanwhile; the tiles' SRAM must be free, which the program ensures."""
-        return tiles, *self._issue(tiles, False)
 
     def wait(self, handle):
         """Wait for a prefetch to land (cp.async.wait_group); returns its tiles."""
-        tiles, ev, l2_done_s = handle
-        if ev is not None and ev.callbacks is not None:     # not processed yet
-            yield ev
-        now = self._m.env._now
-        if l2_done_s > now:
-            yield self._after(l2_done_s - now)
-        if not self._launch.with_data:           # count-only: none of the tensors has data
-            return [None] * len(tiles)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
 
     def store(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """Write one tile back to global memory (value is ignored in count-only mode)."""
-        return self.store_tiles((view, rows, cols, value))
 
     def store_tiles(self, *tiles) -> tuple:
         """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
         all of them have drained. (Nothing to wait for: returns no events.)"""
-        for view, rows, cols, value in tiles:
-            if view.tensor.data is not None:
-                self._write(view, rows, cols, value, "store to")
-        self._launch.track_store(*self._issue(tiles, True))
-        return ()
 
     def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
         counted as a read and a write of the tile; like a store, it does not stall the block."""
-        self._write(view, rows, cols, value, "atomic_add to", add=True)
-        self._launch.track_store(*self._issue(((view, rows, cols),), False, also_write=True))
-        return ()
-
-    @staticmethod
-    def _write(view: TensorView, rows: slice, cols: slice, value, what: str, add: bool = False) -> None:
-        """Put a tile's value into the tensor's data (none in count-only mode), checking its shape."""
-        t = view.tensor
-        if t.data is None:
-            return
-        shape = (_span(rows, t.shape[1], "row", t), _span(cols, t.shape[2], "col", t))
-        if value is None or value.shape != shape:
-            raise HbmsimError(f"{what} {t.name}: value shape {None if value is None else value.shape} "
-                              f"disagrees with tile {shape}")
-        if add:
-            t.data[view.group, rows, cols] += value
-        else:
-            t.data[view.group, rows, cols] = value
-
-    def _issue(self, tiles, write: bool, also_write: bool = False):
-        """Count the tiles and issue their requests; returns (HBM event or None, time the L2 part
-        is served). The HBM and L2 parts are in flight together: the transfer ends when the later
-        one does. L2 hits are a FIFO pipe, so their finish time is known now and needs no event
-        of its own unless it comes after the HBM part.
-
-        This is the simulator's hot loop: per tile it checks bounds, counts the bytes against the
-        tensor (L2-side, and DRAM when it misses L2 or there is no L2), applies the L2's policy
-        (l2.py, written out here), and notes dirty lines the L2 evicted (written back by one
-        request nobody waits on)."""
-        m = self._m
-        kernel = self.kernel
-        if kernel is not self._tensors_of:        # the worker switched records (fold.py)
-            self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
-        known = self._tensors
-        l2 = m.l2
-        if l2 is not None:
-            lines, capacity, used, inserted = l2.lines, l2.capacity_bytes, l2.used_bytes, 0
-        trace = m.trace
-        hbm_bytes = l2_bytes = writeback_bytes = 0
-        t_prev = wb_owner = None        # (wb_owner: whose evicted lines were last credited, to wb_traffic)
-        for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
-            for tile in tiles:
-                view, rows, cols = tile[0], tile[1], tile[2]
-                t = view.tensor
-                if t is not t_prev:                    # (tiles of one tensor often come in a row)
-                    n_rows, n_cols, itemsize, uid, traffic, owner = known.get(t) or self._tensor(t)
-                    t_prev = t
-                r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
-                if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
-                    _span(rows, n_rows, "row", t)      # raises with the numbers
-                    _span(cols, n_cols, "col", t)
-                nbytes = (r1 - r0) * (c1 - c0) * itemsize
-                if w:
-                    traffic.write += nbytes
-                else:
-                    traffic.read += nbytes
-                if l2 is None:
-                    from_hbm = True
-                else:                                   # the L2's policy (l2.py)
-                    key = (uid, view.group, r0, r1, c0, c1)
-                    line = lines.get(key)
-                    if line is not None:                # hit: now the most recent; a store dirties it
-                        lines.move_to_end(key)
-                        if w:
-                            line[1] = True
-                            line[2] = owner
-                        from_hbm = False
-                    elif nbytes > capacity:             # larger than the L2: streams through
-                        from_hbm = not w
-                        if w:                           # (a store goes to HBM now, as a write-back)
-                            traffic.hbm_write += nbytes
-                            writeback_bytes += nbytes
-                    else:                               # miss: a load reads HBM, a store allocates
-                        from_hbm = not w
-                        used += nbytes
-                        while used > capacity:          # evict least recently used lines until it fits
-                            old_bytes, dirty, old_owner = lines.popitem(False)[1]
-                            used -= old_bytes
-                            if dirty:                   # written back, credited to its owner tensor
-                                if old_owner is not wb_owner:
-                                    wb_owner = old_owner
-                                    wb_traffic = kernel.tensors.get(old_owner[0]) or kernel.traffic(old_owner[0])
-                                wb_traffic.hbm_write += old_bytes
-                                writeback_bytes += old_bytes
-                        lines[key] = [nbytes, w, owner]
-                        inserted += nbytes
-                if from_hbm:
-                    hbm_bytes += nbytes
-                    if w:
-                        traffic.hbm_write += nbytes
-                    else:
-                        traffic.hbm_read += nbytes
-                else:
-                    l2_bytes += nbytes
-                if trace is not None:
-                    where = "HBM" if from_hbm else ("L2, written back later" if w else "L2 hit")
-                    trace(m.env.now, self.sm, kernel.name, self.block,
-                          f"{'store' if w else 'load '} {t.name}[{view.group}][{r0}:{r1}, {c0}:{c1}] "
-                          f"{nbytes} B ({where})")
-        if l2 is not None:
-            l2.used_bytes = used
-            l2.inserted_bytes += inserted
-        if writeback_bytes:
-            # Dirty lines this access evicted go to DRAM: nobody waits for them, but like a
-            # store they use bandwidth and the kernel ends only when they have drained.
-            self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
-        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
-        hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
-        if m.recorder is not None:
-            self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)
-        return hbm_ev, l2_done_s
-
-    def _tensor(self, t: Tensor) -> tuple:
-        """What _issue needs of tensor `t`, found once per kernel record (by the launch's first
-        context to touch it): its rows and columns, bytes per element and L2 id, the kernel's
-        counters for it (made at its first access) and the owner of its L2 lines (tensor, pass)."""
-        kernel = self.kernel
-        _, n_rows, n_cols = t.shape
-        if t.data is not None:
-            self._launch.with_data = True
-        info = self._tensors[t] = (n_rows, n_cols, t.itemsize, t.uid,
-                                   kernel.tensors.get(t.name) or kernel.traffic(t.name), (t.name, kernel.pass_name))
-        return info
-
-    def _record(self, tiles, write: bool, hbm_ev, hbm_bytes: int, l2_bytes: int, l2_done_s: float) -> None:
-        """One transfer for the timeline: from now until its DRAM part and its L2 part are served."""
-        m, rec = self._m, self._m.recorder
-        start_s, sm, kernel, block = m.env.now, self.sm, self.kernel.name, self.block
-        what = ("store " if write else "load ") + " ".join(dict.fromkeys(t[0].tensor.name for t in tiles))
-        if hbm_ev is None:
-            rec.transfer(sm, kernel, block, what, start_s, max(start_s, l2_done_s), 0, l2_bytes)
-        else:
-            hbm_ev.callbacks.append(lambda _ev: rec.transfer(sm, kernel, block, what, start_s,
-                                                             max(m.env.now, l2_done_s), hbm_bytes, l2_bytes))
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0) -> tuple:
         """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the
         special-function unit) and SRAM reads, for as long as the time model (time_model.py) says.
         Returns the event to wait for (none when the SM is done already)."""
-        m = self._m
-        done_s = m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
-        now = m.env._now
-        return (self._after(done_s - now),) if done_s > now else ()
+
+    def compute_chain(self, *phases: dict) -> tuple:
+        """Several compute calls that depend on each other (each a dict of `compute`'s arguments),
+        run back to back on this SM: the same time as calling `compute` for each, in one event."""
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
         passed to the machine's listener, and nothing at all when nobody listens."""
-        listener = self._m.listener
-        if listener is not None:
-            listener(self._m.env.now, self.sm, self.kernel.name, self.block, what, values)
-
-    def compute_chain(self, *phases: dict) -> tuple:
-        """Several compute calls that depend on each other (each a dict of `compute`'s arguments),
-        run back to back on this SM: the same time as calling `compute` for each, in one event
-        (returned to wait for, as `compute` does)."""
-        m = self._m
-        now = done_s = m.env._now
-        for ph in phases:
-            done_s = m.compute(self, int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
-                               int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0)))
-        return (self._after(done_s - now),) if done_s > now else ()

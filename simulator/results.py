@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .host import HostSpec, HostStep, PassTimes, pass_times
+
 
 @dataclass
 class TensorTraffic:
@@ -44,6 +46,10 @@ class KernelResult:
     folded_blocks: int = 0
     folded_s: float = 0.0
     tensors: dict = field(default_factory=dict)   # name -> TensorTraffic
+    # the host's part (host.py): framework ops dispatched before its launch (Launch.host_ops), and
+    # whether a launch starts it (False: device work of the machine's own, the L2's write-back)
+    host_ops: int = 1
+    launched: bool = True
 
     def traffic(self, name: str) -> TensorTraffic:
         t = self.tensors.get(name)
@@ -68,7 +74,7 @@ class KernelResult:
             "matmul_flops": self.matmul_flops, "vector_flops": self.vector_flops,
             "exp_ops": self.exp_ops,
             "sram_read_bytes": self.sram_read_bytes, "hbm_peak_bytes": self.hbm_peak_bytes,
-            "folded_blocks": self.folded_blocks,
+            "folded_blocks": self.folded_blocks, "host_ops": self.host_ops,
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
         }
 
@@ -81,6 +87,7 @@ class SimResult:
     kernels: list
     sim_events: int            # SimPy events the run scheduled (for the bench)
     outputs: dict = field(default_factory=dict)   # name -> numpy array (None in count-only)
+    host: HostSpec | None = None   # the host that launches the kernels (None: the host effect is off)
 
     def select(self, pass_name: str | None = None) -> list:
         return [k for k in self.kernels if pass_name is None or k.pass_name == pass_name]
@@ -89,7 +96,21 @@ class SimResult:
         return sum(k.total(attr) for k in self.select(pass_name))
 
     def time(self, pass_name: str | None = None) -> float:
-        return sum(k.time_s for k in self.select(pass_name))   # kernels run back to back
+        """The kernels' device time (what a profiler's kernel rows add up to): back to back."""
+        return sum(k.time_s for k in self.select(pass_name))
+
+    def pass_times(self, pass_name: str) -> PassTimes:
+        """The stopwatch's view of one pass (host.py): its kernels behind the host's dispatch."""
+        steps = [HostStep(k.time_s, k.host_ops, k.launched) for k in self.select(pass_name)]
+        return pass_times(steps, backward=pass_name == "backward", host=self.host or HostSpec())
+
+    def event_time(self, pass_name: str | None = None) -> float:
+        """What a stopwatch around the pass sees (each pass of a training step its own stopwatch,
+        summed for the whole step); the kernels' time alone when the host effect is off."""
+        if self.host is None:
+            return self.time(pass_name)
+        passes = dict.fromkeys(k.pass_name for k in self.select(pass_name))
+        return sum(self.pass_times(p).time_s for p in passes)
 
     def tensors(self, pass_name: str | None = None) -> dict:
         out: dict = {}
@@ -121,7 +142,8 @@ class SimResult:
 
     def to_dict(self, pass_name: str | None = None) -> dict:
         ks = self.select(pass_name)
-        time_s = self.time(pass_name)
+        time_s = self.event_time(pass_name)
+        kernel_time_s = self.time(pass_name)
         return {
             "hbm_read_bytes": self.total("hbm_read", pass_name), "hbm_write_bytes": self.total("hbm_write", pass_name),
             "global_read_bytes": self.total("read", pass_name), "global_write_bytes": self.total("write", pass_name),
@@ -129,7 +151,9 @@ class SimResult:
             "sram_peak_bytes": max((k.sram_peak_bytes for k in ks), default=0),
             "matmul_flops": sum(k.matmul_flops for k in ks), "vector_flops": sum(k.vector_flops for k in ks),
             "exp_ops": sum(k.exp_ops for k in ks),
-            "time_s": time_s, "cycles": round(time_s * self.clock_hz), "bound": self.bound(pass_name),
+            # time_s: what a stopwatch around the pass sees; kernel_time_s: the kernels' device time alone
+            "time_s": time_s, "kernel_time_s": kernel_time_s, "cycles": round(kernel_time_s * self.clock_hz),
+            "bound": self.bound(pass_name),
             "hbm_busy_s": sum(k.hbm_busy_s for k in ks), "compute_busy_s": sum(k.compute_busy_s for k in ks),
             # blocks simulated / blocks in the grids: below 1 when folding extrapolated the rest
             "simulated_fraction": simulated_fraction(ks),

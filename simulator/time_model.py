@@ -43,6 +43,11 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   than shared memory alone allows. Fewer resident blocks leave less of one block's softmax to
   run under another's GEMMs (machine.py: slots per SM).
 
+- host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
+  host's framework dispatch and kernel launches, with the launch queue letting the host run
+  ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
+  (a result's `kernel_time_s`, which every result gives either way).
+
 With every effect off, the model is the old one: DRAM at the spec sheet's rate and a compute
 call as long as the slowest of its tensor-core, vector and SRAM times at the SM's peak rates.
 (Phases a program chains with `compute_chain`, such as FA1's split-K reductions, still add up:
@@ -70,6 +75,7 @@ class TimeModel:
     serial_softmax: bool = True
     registers: bool = True
     mma_operands: bool = True
+    host: bool = True
 
     @staticmethod
     def effects() -> tuple:

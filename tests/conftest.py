@@ -1,14 +1,14 @@
 import numpy as np
 import pytest
 
-from hbmsim.algorithms.workload import AttentionData, Workload
+from hbmsim.algorithms.workload import AttentionData
 from hbmsim.simulator import GPU, load_gpu
 from hbmsim.scenarios.experiment import HARDWARE_DIR
+from hbmsim.scenarios.explain import default_example
 
-# The worked 4 x 4 example (README: What the demo shows).
-SEED_Q = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0], [0, 1, 0, 0]], float)
-SEED_K = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], float)
-SEED_V = np.arange(1, 17, dtype=float).reshape(4, 4)
+# The worked 4 x 4 example (README: What the demo shows), defined once: `hbmsim explain`'s default
+# example (scenarios/explain.py). Its V is 1..16; its O, worked out by hand to 2 decimals:
+SEED_V = default_example().v
 SEED_O = np.array([[7.20, 8.20, 9.20, 10.20], [9.88, 10.88, 11.88, 12.88],
                    [6.08, 7.08, 8.08, 9.08], [7.92, 8.92, 9.92, 10.92]])
 
@@ -43,6 +43,13 @@ def h200():
     return load_gpu(HARDWARE_DIR / "h200-sxm-141gb.toml")
 
 
+@pytest.fixture
+def seed():
+    """The worked 4 x 4 example: Q, K, V = 1..16, dO, scale 1, blocks of 2 (an explain.Example)."""
+    return default_example()
+
+
 def seed_case(dtype="fp32"):
-    wl = Workload(1, 1, 4, 4, 4, dtype=dtype, scale=1.0)
-    return wl, AttentionData(SEED_Q[None, None].copy(), SEED_K[None, None].copy(), SEED_V[None, None].copy())
+    """(workload, forward data without dO) of the worked example, fresh arrays each call."""
+    ex = default_example(dtype=dtype)
+    return ex.workload(), AttentionData(ex.q[None, None], ex.k[None, None], ex.v[None, None])

@@ -1,11 +1,11 @@
-"""Backward passes: every program's gradients equal the float64 reference (and finite
+"""Backward passes: every registered program's gradients equal the float64 reference (and finite
 differences), and its backward counters equal the closed forms in every mask mode."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from hbmsim.algorithms import io_formulas as F
-from hbmsim.algorithms.flash1_backward import flash1_training
+from hbmsim.algorithms import registry
 from hbmsim.algorithms.flash2_backward import flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.standard_backward import standard_training
@@ -18,9 +18,24 @@ GPU = tiny_gpu(sram_bytes_per_sm=1 << 22)
 SEED_DO = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], float)
 
 
+# Every registered program that has a backward, in each of its variants: registering a program puts
+# it under these tests.
+VARIANTS = [(spec, v) for spec, v in registry.algorithm_variants() if "backward" in spec.passes]
+IDS = [f"{spec.name}-{variant}" for spec, variant in VARIANTS]
+
+
+def mapping(spec, variant, wl, bq, bkv):
+    """The program's mapping with blocks (or GEMM tiles) bq tall and bkv wide, resolved for GPU."""
+    m = spec.rectangular(bq, bkv, **({"variant": variant} if variant else {}))
+    return spec.resolved(GPU, wl, m, True)[0]
+
+
+def training(spec, variant, wl, data, bq, bkv):
+    return spec.build(wl, mapping(spec, variant, wl, bq, bkv), data, True)
+
+
 def trainings(wl, data, bq, bkv):
-    return [standard_training(wl, data, (bq, bkv, max(1, bkv // 2))),
-            flash1_training(wl, bq, bkv, data), flash2_training(wl, bq, bkv, data)]
+    return [training(spec, variant, wl, data, bq, bkv) for spec, variant in VARIANTS]
 
 
 def grads(prog, shape_q, shape_k):
@@ -28,11 +43,11 @@ def grads(prog, shape_q, shape_k):
     return {"dQ": out["dQ"].reshape(shape_q), "dK": out["dK"].reshape(shape_k), "dV": out["dV"].reshape(shape_k)}
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
-def test_seed_gradient_example_through_every_program(index):
+@pytest.mark.parametrize("spec, variant", VARIANTS, ids=IDS)
+def test_seed_gradient_example_through_every_program(spec, variant):
     wl, data = seed_case()
     data.d_o = SEED_DO[None, None].copy()
-    g = grads(trainings(wl, data, 2, 2)[index], data.q.shape, data.k.shape)
+    g = grads(training(spec, variant, wl, data, 2, 2), data.q.shape, data.k.shape)
     dv, dq, dk = g["dV"][0, 0], g["dQ"][0, 0], g["dK"][0, 0]
     np.testing.assert_allclose(dv, np.repeat([[0.590], [0.217], [0.976], [0.217]], 4, axis=1), atol=5e-4)
     np.testing.assert_allclose(dq[0], [-1.19, 1.19, 4.38, 1.91], atol=5e-3)
@@ -126,20 +141,25 @@ def counted_backward(prog):
     return {name: (t.read, t.write) for name, t in simulate(GPU, prog).tensors("backward").items()}
 
 
-@settings(max_examples=25, deadline=None)
-@given(workloads, BLOCKS, BLOCKS)
-def test_flash_backward_counts_equal_closed_form(wl, bq, bkv):
-    assert counted_backward(flash1_training(wl, bq, bkv)) == F.flash1_backward_io(wl, bq, bkv)
-    assert counted_backward(flash2_training(wl, bq, bkv)) == F.flash2_backward_io(wl, bq, bkv)
+def nonzero(io):
+    return {k: v for k, v in io.items() if v != (0, 0)}
 
 
+# Each program's default variant (the standard variants' counts: test_standard_variants.py; the v1
+# kernel's: test_flash1_kernel.py).
+DEFAULTS = [(spec, variant) for spec, variant in VARIANTS if variant == (spec.variants or (None,))[0]]
+DEFAULT_IDS = [f"{spec.name}-{variant}" for spec, variant in DEFAULTS]
+
+
+@pytest.mark.parametrize("spec, variant", DEFAULTS, ids=DEFAULT_IDS)
 @settings(max_examples=20, deadline=None)
-@given(workloads, TILES, TILES, TILES)
-def test_standard_backward_counts_equal_closed_form(wl, tm, tn, tk):
-    prog = standard_training(wl, None, (tm, tn, tk))
-    assert counted_backward(prog) == F.standard_backward_io(wl, (tm, tn, tk))
+@given(wl=workloads, bq=BLOCKS, bkv=BLOCKS)
+def test_backward_counts_equal_closed_form(spec, variant, wl, bq, bkv):
+    m = mapping(spec, variant, wl, bq, bkv)
+    prog = spec.build(wl, m, None, True)
+    assert counted_backward(prog) == spec.io(wl, m, "backward")
     fwd = {name: (t.read, t.write) for name, t in simulate(GPU, prog).tensors("forward").items()}
-    assert fwd == F.standard_forward_io(wl, (tm, tn, tk))
+    assert fwd == spec.io(wl, m, "forward")
 
 
 def test_causal_flash_backward_moves_about_half_the_kv_side_bytes():
@@ -166,10 +186,6 @@ def test_training_footprint_standard_keeps_p_flash_keeps_o_and_lse():
     assert fl.hbm_peak_bytes == 8 * n * d * e + n * d * 4 + 2 * n * 4
 
 
-def nonzero(io):
-    return {k: v for k, v in io.items() if v != (0, 0)}
-
-
 @pytest.mark.parametrize("l2_bytes", [0, 3000, 1 << 26])
 def test_counts_hold_with_l2_and_forward_pass_of_training_equals_forward(l2_bytes):
     # The L2 changes where bytes are served, never how many a program requests.
@@ -178,11 +194,11 @@ def test_counts_hold_with_l2_and_forward_pass_of_training_equals_forward(l2_byte
 
     def counted(prog, pass_name):
         return nonzero({n: (t.read, t.write) for n, t in simulate(gpu, prog).tensors(pass_name).items()})
-    assert counted(flash1_training(wl, 16, 8), "forward") == F.flash1_forward_io(wl, 16, 8)
-    assert counted(flash2_training(wl, 16, 8), "forward") == F.flash2_forward_io(wl, 16, 8)
-    assert counted(flash1_training(wl, 16, 8), "backward") == F.flash1_backward_io(wl, 16, 8)
-    assert counted(flash2_training(wl, 16, 8), "backward") == F.flash2_backward_io(wl, 16, 8)
-    assert counted(standard_training(wl, None, (32, 16, 8)), "backward") == F.standard_backward_io(wl, (32, 16, 8))
+    for spec, variant in VARIANTS:
+        m = mapping(spec, variant, wl, 16, 8)
+        prog = spec.build(wl, m, None, True)
+        for pass_name in ("forward", "backward"):
+            assert counted(prog, pass_name) == nonzero(spec.io(wl, m, pass_name)), (spec.name, variant, pass_name)
 
 
 def test_each_pass_is_credited_with_its_own_dram_writes():
@@ -203,12 +219,9 @@ def test_each_pass_is_credited_with_its_own_dram_writes():
 def test_tiny_blocks_and_tiles(blocks):
     """Blocks and tiles of one or two rows, on a ragged tiny workload with every mask."""
     wl = Workload(1, 2, 5, 4, 3, causal=True, key_padding_mask=True, dropout=0.1)
-    bq, bkv = blocks
-    assert counted_backward(flash1_training(wl, bq, bkv)) == F.flash1_backward_io(wl, bq, bkv)
-    assert counted_backward(flash2_training(wl, bq, bkv)) == F.flash2_backward_io(wl, bq, bkv)
-    tile = (bq, bkv, 1)
-    assert counted_backward(standard_training(wl, None, tile)) == F.standard_backward_io(wl, tile)
-    fwd = lambda prog: {n: (t.read, t.write) for n, t in simulate(GPU, prog).tensors("forward").items()}
-    assert fwd(flash1_training(wl, bq, bkv)) == F.flash1_forward_io(wl, bq, bkv)
-    assert fwd(flash2_training(wl, bq, bkv)) == F.flash2_forward_io(wl, bq, bkv)
-    assert fwd(standard_training(wl, None, tile)) == F.standard_forward_io(wl, tile)
+    for spec, variant in VARIANTS:
+        m = mapping(spec, variant, wl, *blocks)
+        prog = spec.build(wl, m, None, True)
+        assert counted_backward(prog) == spec.io(wl, m, "backward"), (spec.name, variant)
+        fwd = {n: (t.read, t.write) for n, t in simulate(GPU, prog).tensors("forward").items()}
+        assert fwd == spec.io(wl, m, "forward"), (spec.name, variant)

@@ -88,7 +88,9 @@ def test_block_longer_than_the_sequence_is_clamped_and_said(tmp_path, capsys):
 @pytest.mark.parametrize("argv_tail, message", [
     (["--plot", "fig.txt"], "plot path 'fig.txt': suffix '.txt' is not a format matplotlib can write"),
     (["--plot", "{dir}"], "plot path '{dir}' is a directory"),
-    (["--json", "{dir}/f/r.json", "--plot", "{dir}/f/p.png"], None),     # fine: folders are made
+    (["--json", "{dir}/r.json", "--plot", "{dir}/p.png"], None),         # fine: the folder exists
+    (["--json", "{dir}/f/r.json", "--plot", "{dir}/f/p.png"],            # no folder is made unasked
+     "--json '{dir}/f/r.json': the folder '{dir}/f' does not exist (make it first)"),
     (["--json", "{file}/r.json"], "--json '{file}/r.json': '{file}' is a file, not a folder"),
 ])
 def test_outputs_are_checked_before_simulating(tmp_path, capsys, monkeypatch, argv_tail, message):
@@ -96,12 +98,12 @@ def test_outputs_are_checked_before_simulating(tmp_path, capsys, monkeypatch, ar
     fill = lambda s: s.format(dir=tmp_path, file=tmp_path / "afile")
     if message is None:
         code, _, _ = run_cli(capsys, "run", scenario(tmp_path, GOOD), *map(fill, argv_tail))
-        assert code == 0 and (tmp_path / "f" / "r.json").exists() and (tmp_path / "f" / "p.png").exists()
+        assert code == 0 and (tmp_path / "r.json").exists() and (tmp_path / "p.png").exists()
         return
     monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("simulated before checking the outputs"))
     code, out, err = run_cli(capsys, "run", scenario(tmp_path, GOOD), *map(fill, argv_tail))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and fill(message) in err
-    assert not (tmp_path / "fig.png").exists()
+    assert not (tmp_path / "fig.png").exists() and not (tmp_path / "f").exists()
 
 
 def _failing_after(n_ok: int, exc):

@@ -23,14 +23,21 @@ def tile_notes(flash, row0):
     return [v for *_, v in flash["notes"].of("flash2 tile") if v["rows"][0] == row0]
 
 
-def test_default_example_tile_by_tile_by_hand(a100):
-    _, flash = X.flash_part(X.default_example(), a100)
+def test_default_example_tile_by_tile_by_hand(a100, seed):
+    _, flash = X.flash_part(seed, a100)
     first, second = tile_notes(flash, 0)
     # tile (0, 0): q0 = [1,0,1,0] against k0, k1: S = [1, 0]; m = 1; exp = [1, e^-1]; l = 1 + e^-1 = 1.368;
     # O = V0 + e^-1 V1 = [1,2,3,4] + 0.368 [5,6,7,8] = [2.84, 4.21, 5.58, 6.94]
     assert first["S"][0] == pytest.approx([1, 0]) and first["m_new"][0] == 1
     assert first["l"][0] == pytest.approx(1 + 1 / E) == pytest.approx(1.368, abs=5e-4)
     assert first["O"][0] == pytest.approx([2.84, 4.21, 5.57, 6.94], abs=6e-3)
+    # the running normalised output, attention over keys 0..1 only: O / l = (V0 + e^-1 V1) / (1 + e^-1)
+    # = V0 + (V1 - V0) / (e + 1) = [1,2,3,4] + 4 / 3.718 = [2.0758, 3.0758, 4.0758, 5.0758]
+    assert first["O_over_l"][0] == pytest.approx([1 + 4 / (E + 1), 2 + 4 / (E + 1), 3 + 4 / (E + 1), 4 + 4 / (E + 1)])
+    assert first["O_over_l"][0] == pytest.approx([2.076, 3.076, 4.076, 5.076], abs=5e-4)
+    # the same by numpy: softmax of row 0's first two scores applied to V0, V1
+    w = np.exp([1.0, 0.0])
+    assert first["O_over_l"][0] == pytest.approx(w / w.sum() @ seed.v[:2])
     # tile (0, 1): S = [2, 0]; m 1 -> 2, c = e^-1 = 0.368; l = e^-1 (1 + e^-1) + 1 + e^-2 = 1 + e^-1 + 2e^-2 = 1.638;
     # O = e^-1 O + V2 + e^-2 V3 = [11.81, 13.44, 15.08, 16.72]
     assert second["m_old"][0] == 1 and second["m_new"][0] == 2
@@ -40,6 +47,10 @@ def test_default_example_tile_by_tile_by_hand(a100):
     assert second["O"][0] == pytest.approx([11.81, 13.44, 15.08, 16.71], abs=0.011)
     final = [v for *_, v in flash["notes"].of("flash2 final") if v["rows"][0] == 0][0]
     assert final["O"][0] == pytest.approx([7.20, 8.20, 9.20, 10.20], abs=5e-3)
+    # after the last tile the running normalised output is the final O, row by row
+    finals = {v["rows"][0]: v for *_, v in flash["notes"].of("flash2 final")}
+    for row0 in (0, 2):
+        assert tile_notes(flash, row0)[-1]["O_over_l"] == pytest.approx(finals[row0]["O"], abs=1e-15)
     # backward with dO rows [1,1,1,1], 0, [1,1,1,1], 0: dV_j = (P_0j + P_2j) [1, 1, 1, 1]
     dv = flash["result"].outputs["dV"].reshape(4, 4)
     assert dv[:, 0] == pytest.approx([0.590, 0.217, 0.976, 0.217], abs=5e-4)
@@ -50,14 +61,53 @@ def test_default_walkthrough_prints_the_numbers(a100, capsys):
     assert main(["explain"]) == 0
     out = capsys.readouterr().out
     for text in ("row 0: max 2.000, exp(S - max) = [0.368, 0.135, 1.000, 0.135], sum 1.639",
-                 "l = c l + sum = 1.368, O (unnormalised) = c O + P V = [2.839, 4.207, 5.575, 6.943]",
-                 "m 1.000 -> 2.000, c = exp(m_old - m_new) = 0.368",
-                 "[11.804, 13.442, 15.081, 16.720]", "row 0: O = O / l = [7.204, 8.204, 9.204, 10.204]",
+                 "exp(S - m_new) = [1.000, 0.368], l = c l + sum = 1.368",
+                 "m_old = 1.000, m_new = 2.000, c = exp(m_old - m_new) = 0.368",
+                 "row 0: O = O / l = [7.204, 8.204, 9.204, 10.204]",
                  "load V[0][0:2, 0:4] 32 B (HBM)", "load K[0][0:2, 0:4] 32 B (L2 hit)",
-                 "D = rowsum(dO o O), rows 0..1: [34.816, 0.000]", "[0.590, 0.590, 0.590, 0.590]",
+                 "rows 0..1: D = rowsum(dO o O) = [34.816, 0.000]", "[0.590, 0.590, 0.590, 0.590]",
                  "softmax        P 64 B written, S 64 B read"):
         assert text in out, text
     assert "O_flash - O_standard: max |difference|" in out
+
+
+def test_every_tile_prints_the_running_normalised_output_beside_o(capsys):
+    assert main(["explain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    beside = [line.strip() for line in lines if "O (unnormalised)" in line]
+    # 2 query blocks x 2 tiles x 2 rows; row 0 after keys 0..1, then after keys 2..3 (= the final O / l)
+    assert len(beside) == 8 and all(", O / l = [" in line for line in beside)
+    assert beside[0] == ("O (unnormalised) = c O + P V = [2.839, 4.207, 5.575, 6.943], "
+                         "O / l = [2.076, 3.076, 4.076, 5.076]")
+    assert beside[2] == ("O (unnormalised) = c O + P V = [11.804, 13.442, 15.081, 16.720], "
+                         "O / l = [7.204, 8.204, 9.204, 10.204]")
+    tile = lines.index("    tile keys 0..1:")
+    assert lines[tile + 1].startswith("      row 0: S = [1.000, 0.000], tile max = 1.000, m_old = -inf, m_new = 1.000")
+
+
+def test_the_notes_tables_describe_what_the_programs_note(a100, seed):
+    """Every value a program notes is described in its NOTES (or located by g, row, rows, cols), and
+    every described value is noted: the tables cannot drift from the ctx.note call sites."""
+    _, flash = X.flash_part(seed, a100)
+    notes = flash["notes"]
+    x = X.Tensor("X", (1, 4, 4), "fp32", np.arange(16, dtype=float).reshape(1, 4, 4))
+    X.simulate(a100, X.softmax_program("online", x, 2), listener=notes.note)
+    tables = {**X.FLASH2_NOTES, **X.FLASH2_BACKWARD_NOTES, **X.SOFTMAX_NOTES}
+    for *_, what, values in notes.notes:
+        about = tables[what]
+        described = {key for line in about.get("per_row", about.get("values")) for key in line}
+        assert described == set(values) - {"g", "row", "rows", "cols"}, what
+    assert {n[3] for n in notes.notes} == set(tables)
+
+
+def test_render_is_generic():
+    about = {"heading": "chunk {cols}", "per_row": ({"a": "a = x + 1"}, {"b": "b"})}
+    assert X.render(about, {"rows": (3, 5), "cols": (0, 2), "a": [1, 2], "b": [[1, 0], [0, 1]]}, "") == [
+        "chunk 0..1:", "  row 3: a = x + 1 = 1.000", "         b = [1.000, 0.000]",
+        "  row 4: a = x + 1 = 2.000", "         b = [0.000, 1.000]"]
+    about = {"heading": "block {rows}", "values": ({"s": "s"}, {"M": "M"})}
+    assert X.render(about, {"rows": (0, 2), "s": 0.5, "M": np.eye(2)}, "  ") == [
+        "  block 0..1: s = 0.500", "    M =\n        [1.000, 0.000]\n        [0.000, 1.000]"]
 
 
 def nine_by_four(path):
@@ -84,6 +134,11 @@ def test_nine_by_four_with_query_blocks_of_2_and_key_blocks_of_3_by_hand(a100, t
     # keys 6..8: m 1 -> 2, l = e^-1 (1 + 5e^-1) + 1 + 2e^-2 = 1 + e^-1 + 7e^-2 = 2.315,
     # O = [7 + 4e^-1 + 25e^-2, 0, 0, 1 + e^-1 + 7e^-2]; O / l: [5.120, 0, 0, 1] (V's last column is all ones)
     assert t2["l"][0] == pytest.approx(1 + 1 / E + 7 / E ** 2) == pytest.approx(2.315, abs=5e-4)
+    # the running O / l: after keys 0..2 the mean of V0..V2 = [1, 0, 0, 1]; after keys 3..5
+    # [4 + 11e^-1, 0, 0, 1 + 5e^-1] / (1 + 5e^-1); its last column is 1 after every tile
+    assert t0["O_over_l"][0] == pytest.approx([1, 0, 0, 1])
+    assert t1["O_over_l"][0] == pytest.approx([(4 + 11 / E) / (1 + 5 / E), 0, 0, 1])
+    assert all(t["O_over_l"][:, 3] == pytest.approx(1) for t in (t0, t1, t2))
     final = [v for *_, v in flash["notes"].of("flash2 final") if v["rows"][0] == 0][0]
     assert final["O"][0] == pytest.approx([(7 + 4 / E + 25 / E ** 2) / (1 + 1 / E + 7 / E ** 2), 0, 0, 1])
     assert final["O"][0][0] == pytest.approx(5.120, abs=5e-4)
@@ -139,10 +194,10 @@ def test_nan_and_blocks_longer_than_the_sequence(tmp_path, capsys):
     assert "too big to print (at most 256 rows" in capsys.readouterr().err
 
 
-def test_annotations_cost_nothing_when_nobody_listens(a100):
+def test_annotations_cost_nothing_when_nobody_listens(a100, seed):
     from hbmsim.algorithms.flash2 import flash2_forward
     from hbmsim.simulator import simulate
-    ex = X.default_example()
+    ex = seed
     heard = []
     quiet = simulate(a100, flash2_forward(ex.workload(), 2, 2, ex.data()))
     loud = simulate(a100, flash2_forward(ex.workload(), 2, 2, ex.data()), listener=lambda *a: heard.append(a))
@@ -156,4 +211,13 @@ def test_softmax_passes_section(capsys):
     assert "safe softmax (max, then sum of exps, then write: 3 reads): X 192 B read, Y 64 B written" in out
     assert "online softmax (running max and rescaled sum in one read, then write: 2 reads): X 128 B read" in out
     # online softmax's running max and sum on row 0 in chunks of 2 are flash's tile-by-tile m and l
-    assert "row 0, columns 2..3: m 1.000 -> 2.000, c = 0.368, l = 1.639" in out
+    assert ("row 0, columns 2..3: m_old = 1.000, m_new = max(m_old, chunk max) = 2.000, "
+            "c = exp(m_old - m_new) = 0.368, l = c l + sum exp(x - m_new) = 1.639") in out
+
+
+def test_the_demo_lines_come_from_the_one_seed_example(a100):
+    text = X.every_program(a100)
+    assert text.startswith("Seed example (Q, K 4x4, V = 1..16, scale 1, blocks 2x2): O through the simulator\n"
+                           "[[ 7.2   8.2   9.2  10.2 ]")
+    diffs = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "max |O - reference|" in line]
+    assert len(diffs) == len(X.registry.algorithms()) and max(diffs) < 1e-12

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hbmsim.algorithms.flash1_kernel import (QUERY_STEP, fa1_bwd_parallel, fa1_kernel_blocks, fa1_kernel_forward,
-                                             fa1_kernel_sram_bytes, fa1_kernel_training, fa1_num_splits)
+                                             fa1_kernel_sram_bytes, fa1_num_splits)
+from hbmsim.algorithms.flash1_kernel_backward import fa1_kernel_training
 from hbmsim.algorithms.io_flash1_kernel import fa1_kernel_backward_io, fa1_kernel_forward_io
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hbmsim.algorithms.common as common
-from hbmsim.algorithms.flash2 import SPEC, Flash2Blocks
+from hbmsim.algorithms.flash2_spec import SPEC, Flash2Blocks
 from hbmsim.algorithms.flash2_backward import flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data

@@ -1,6 +1,7 @@
 """The kernels on a real GPU through CuPy (marked gpu: skipped without CuPy or a device), and
 what the profiler does without one: one line, exit 2. Also the pieces testable anywhere:
-configuration errors and the parsing of Nsight Compute's CSV."""
+configuration errors, the parsing of Nsight Compute's CSV, and what each kernel says of itself
+(kernels/traits.py)."""
 import json
 
 import numpy as np
@@ -10,7 +11,9 @@ from hbmsim.algorithms.reference import attention_forward
 from hbmsim.algorithms.workload import AttentionData, Workload
 from hbmsim.kernels.config import KernelConfig
 from hbmsim.kernels.gpu import gpu_available
-from hbmsim.kernels.profile import ncu_fields, parse_ncu_csv
+from hbmsim.kernels import profile
+from hbmsim.kernels.profile import RunSpec, ncu_fields, parse_ncu_csv
+from hbmsim.kernels.traits import KERNELS
 from hbmsim.scenarios.cli import main
 from hbmsim.simulator import HbmsimError
 
@@ -59,6 +62,33 @@ def test_parse_ncu_csv():
     assert (f["hbm_read_bytes"], f["hbm_write_bytes"]) == (1_048_576, 2000)
     assert (f["global_read_bytes"], f["global_write_bytes"]) == (40000 * 32, 100 * 32)
     assert f["ncu_time_s"] == pytest.approx(12.345e-6)
+
+
+def test_every_programs_kernel_describes_itself():
+    """The real kernels the programs name are exactly the rows of kernels/traits.py."""
+    from hbmsim.algorithms import registry
+    assert {a.kernel for a in registry.algorithms() if a.kernel} == set(KERNELS)
+    for a in registry.algorithms():
+        if a.emulated:                       # the CPU emulation runs the tiled kernel
+            assert KERNELS[a.kernel].tiled
+    assert [(t.name, t.tiled, t.causal_mask_tensor, t.passes) for t in KERNELS.values()] == [
+        ("flash_attention", True, False, ("forward",)), ("standard_attention", False, True, ("forward",))]
+
+
+def test_forward_launches_what_the_kernel_says(monkeypatch):
+    """profile.forward asks the spec's kernel how to launch it; no GPU needed to see the call."""
+    from hbmsim.kernels import gpu
+    calls = []
+    monkeypatch.setattr(gpu, "flash_attention", lambda q, k, v, **kw: calls.append(("flash", kw)) or ("O", "lse"))
+    monkeypatch.setattr(gpu, "standard_attention", lambda q, k, v, **kw: calls.append(("standard", kw)) or "O")
+    flash = RunSpec("flash_attention", 1, 2, 64, 64, 64, "fp16", causal=True, block_q=64, block_kv=32, scale=0.5)
+    standard = RunSpec("standard_attention", 1, 2, 64, 64, 64, "fp16", causal=True)
+    assert profile.forward(flash, 1, 2, 3) == ("O", "lse")
+    assert profile.forward(standard, 1, 2, 3, mask="M") == ("O", None)
+    assert calls == [("flash", dict(block_q=64, block_kv=32, causal=True, scale=0.5)),
+                     ("standard", dict(causal=True, scale=None, mask="M"))]
+    with pytest.raises(HbmsimError, match=r"profile: no GPU kernel 'tiled_v9' \(flash_attention, standard_attention\)"):
+        profile.forward(RunSpec("tiled_v9", 1, 1, 64, 64, 64, "fp16"), 1, 2, 3)
 
 
 def _inputs(wl, dtype, seed=0):

@@ -1,5 +1,5 @@
 """The measurements taken on a lent H100 (scenarios/measured/h100-*.json) and the tools that took
-them (kernels/library.py, kernels/microbench.py): the files are consistent with themselves and
+them (kernels/library*.py, kernels/microbench.py): the files are consistent with themselves and
 with the constants the presets and programs take from them, and the tools' pure parts work
 without a GPU. The GPU parts run under `pytest -m gpu`.
 """
@@ -8,8 +8,11 @@ import math
 
 import pytest
 
-from hbmsim.algorithms.flash2 import FA2_KERNEL_REGISTERS_PER_THREAD
+from hbmsim.algorithms.flash2_spec import FA2_KERNEL_REGISTERS_PER_THREAD
 from hbmsim.kernels import library
+from hbmsim.kernels.implementations import IMPLEMENTATIONS, TIMED_HERE
+from hbmsim.kernels.library_nsight import summarise_ncu_raw
+from hbmsim.kernels.library_timing import hardware_preset, paper_flops
 from hbmsim.kernels.microbench import MMA_FLOPS_PER_WARP_INSTR
 from hbmsim.scenarios.published import MEASURED_DIR
 from hbmsim.scenarios.validate import configs_of
@@ -42,8 +45,22 @@ def test_the_torch_measurements_cover_the_fa2_paper_grid_pass_by_pass():
         else:                             # mean of the 30 timed runs, and the kernels that ran
             assert r["time_s"] == pytest.approx(sum(r["times_s"]) / len(r["times_s"]), rel=1e-12)
             assert len(r["times_s"]) == 30 and r["kernels"]
-        flops = library.paper_flops(wl["batch"], wl["heads"], n, d, causal, p)
+        flops = paper_flops(wl["batch"], wl["heads"], n, d, causal, p)
         assert r["tflops_per_s"] == pytest.approx(flops / r["time_s"] / 1e12, rel=1e-12)
+
+
+def test_the_torch_measurements_name_the_one_implementation_table():
+    """The program, variant and provenance line of each timed implementation come from
+    kernels/implementations.py, the table the published files use too."""
+    for path in sorted(MEASURED_DIR.rglob("*-torch-*.json")):
+        doc = _load(path)
+        torch_version = doc["provenance"]["torch"]
+        assert doc["provenance"]["implementations"] == {
+            name: impl.describe(impl.timed_here.format(torch=torch_version)) for name, impl in TIMED_HERE.items()}
+        for r in doc["runs"]:
+            impl = IMPLEMENTATIONS[r["implementation"]]
+            assert (r["algorithm"], r["variant"]) == (impl.algorithm, impl.variant)
+    assert list(library.IMPLEMENTATIONS) == ["fa2", "pytorch"] and library.HEAD_DIMS == (64, 128)
 
 
 def test_validate_reads_the_torch_measurements():
@@ -80,10 +97,10 @@ def test_h100_preset_rates_are_the_microbenchmarks():
 
 def test_paper_flops_and_presets():
     # forward 4 N^2 d H B: N = 4096, d = 128, 16 heads, batch 4; causal halves; backward 2.5x
-    assert library.paper_flops(4, 16, 4096, 128, False, "forward") == 4 * 4096 ** 2 * 128 * 16 * 4
-    assert library.paper_flops(4, 16, 4096, 128, True, "backward") == 2.5 * 2 * 4096 ** 2 * 128 * 16 * 4
-    assert library._preset("NVIDIA H100 80GB HBM3", 132) == "h100-sxm5-80gb"
-    assert library._preset("NVIDIA H100 PCIe", 114) is None
+    assert paper_flops(4, 16, 4096, 128, False, "forward") == 4 * 4096 ** 2 * 128 * 16 * 4
+    assert paper_flops(4, 16, 4096, 128, True, "backward") == 2.5 * 2 * 4096 ** 2 * 128 * 16 * 4
+    assert hardware_preset("NVIDIA H100 80GB HBM3", 132) == "h100-sxm5-80gb"
+    assert hardware_preset("NVIDIA H100 PCIe", 114) is None
 
 
 NCU_RAW = '''"ID","Process ID","Kernel Name","device__attribute_multiprocessor_count","gpu__time_duration.sum","sm__cycles_elapsed.avg.per_second","l1tex__data_pipe_lsu_wavefronts_mem_shared.sum","launch__registers_per_thread"
@@ -93,11 +110,20 @@ NCU_RAW = '''"ID","Process ID","Kernel Name","device__attribute_multiprocessor_c
 
 
 def test_ncu_summary_of_a_raw_page():
-    (k,) = library.summarise_ncu_raw(NCU_RAW)
+    (k,) = summarise_ncu_raw(NCU_RAW)
     assert k["name"] == "k<1>" and k["launch__registers_per_thread"] == 255
     # 1,500 wavefronts over 2 SMs in 1,000 ns at 1 GHz (1,000 cycles): 75% busy
     assert k["shared_pipe_busy_pct"] == pytest.approx(75.0, rel=1e-12)
-    assert library.summarise_ncu_raw("no table here") == []
+    assert summarise_ncu_raw("no table here") == []
+
+
+def test_the_library_command_summarises_ncu_pages(tmp_path):
+    page = tmp_path / "fwd.csv"
+    page.write_text(NCU_RAW)
+    out = tmp_path / "ncu.json"
+    assert library.main(["--summarise-ncu", str(page), "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"source": "measured",
+                                           "runs": [{"file": "fwd.csv", "kernels": summarise_ncu_raw(NCU_RAW)}]}
 
 
 @pytest.mark.gpu
@@ -140,7 +166,7 @@ def test_gpu_commands_refuse_bad_input_in_one_line(tmp_path, capsys):
 
 
 def test_validate_plot_says_measured_for_measured_files(tmp_path, monkeypatch):
-    from hbmsim.scenarios import validate as V
+    from hbmsim.scenarios import validate_report as V
     from hbmsim.scenarios.cli import main
     seen = {}
     monkeypatch.setattr(V, "plot", lambda points, path, source, model, kind: seen.update(kind=kind, source=source)

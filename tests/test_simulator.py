@@ -167,3 +167,18 @@ def test_l2_sees_reuse_across_standard_attention_kernels():
     assert t["P"].read == 131072 and t["P"].hbm_read == 0
     assert t["S"].hbm_write == 131072 and t["P"].hbm_write == 131072
     assert t["Q"].hbm_read == t["K"].hbm_read == t["V"].hbm_read == 256 * 64 * 2   # compulsory only
+
+
+def test_the_machines_context_offers_the_whole_block_context():
+    """program.BlockContext is the interface a program is written against; the engine's context
+    (context.py) must offer each of its calls with the same parameters."""
+    import inspect
+
+    from hbmsim.simulator import BlockContext
+    from hbmsim.simulator.context import MachineContext
+    calls = [n for n, f in vars(BlockContext).items() if callable(f) and not n.startswith("_")]
+    assert {"load", "load_tiles", "prefetch", "wait", "store", "store_tiles", "atomic_add", "compute",
+            "compute_chain", "note"} <= set(calls)
+    for name in calls:
+        assert inspect.signature(getattr(MachineContext, name)) == inspect.signature(getattr(BlockContext, name)), name
+    assert {"sm", "block"} <= set(MachineContext.__slots__)

@@ -1,12 +1,16 @@
-"""The standard-attention variants of spec8 (PyTorch benchmark baseline, the tests' attention_ref,
-Megatron's fused scale-mask-softmax): counters equal the closed forms in
-algorithms/io_standard_variants.py exactly, and O, dQ, dK, dV equal the float64 reference."""
+"""Every kernel list registered for standard attention (eager, and the variants of spec8: PyTorch
+benchmark baseline, the tests' attention_ref, Megatron's fused scale-mask-softmax): counters equal
+the closed forms (algorithms/io_formulas.py, io_standard_variants.py) exactly, and O, dQ, dK, dV
+equal the float64 reference."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from hbmsim.algorithms import io_standard_variants as F
-from hbmsim.algorithms import standard_variants as V
+from hbmsim.algorithms import registry
+from hbmsim.algorithms.standard_attention_ref import attention_ref_forward
+from hbmsim.algorithms.standard_megatron import megatron_fused_applies, megatron_training
+from hbmsim.algorithms.standard_pytorch_bench import pytorch_bench_forward
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import simulate
@@ -14,7 +18,12 @@ from hbmsim.simulator import simulate
 from conftest import tiny_gpu
 
 GPU = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8)
-VARIANTS = ("pytorch_bench", "attention_ref", "megatron")
+STANDARD = registry.get("standard")
+VARIANTS = STANDARD.variants      # a kernel list registered for standard attention is tested here
+
+
+def build(variant, wl, data, tile, training):
+    return STANDARD.build(wl, STANDARD.mapping_type(*tile, variant=variant), data, training)
 
 
 def counted(prog, pass_name):
@@ -22,7 +31,7 @@ def counted(prog, pass_name):
 
 
 def closed(variant, pass_name, wl, tile):
-    io = getattr(F, f"{variant}_{pass_name}_io")(wl, tile)
+    io = STANDARD.io(wl, STANDARD.mapping_type(*tile, variant=variant), pass_name)
     return {n: rw for n, rw in io.items() if rw != (0, 0)}
 
 
@@ -37,10 +46,10 @@ tiles = st.tuples(st.integers(9, 130), st.integers(9, 130), st.integers(5, 70)) 
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from(VARIANTS), workloads, tiles)
 def test_counts_equal_closed_forms(variant, wl, tile):
-    prog = getattr(V, f"{variant}_training")(wl, None, tile)
+    prog = build(variant, wl, None, tile, True)
     assert counted(prog, "forward") == closed(variant, "forward", wl, tile)
     assert counted(prog, "backward") == closed(variant, "backward", wl, tile)
-    fwd = getattr(V, f"{variant}_forward")(wl, None, tile)
+    fwd = build(variant, wl, None, tile, False)
     assert counted(fwd, "forward") == closed(variant, "forward", wl, tile)
 
 
@@ -57,8 +66,8 @@ fused_workloads = st.builds(
 @given(fused_workloads, tiles)
 def test_megatron_fused_counts(wl, tile):
     wl = Workload(**{**wl.describe(), "seq_len_kv": wl.seq_len_q if wl.causal else wl.seq_len_kv})
-    assert V.megatron_fused_applies(wl) == F.megatron_kernel_available(wl)
-    prog = V.megatron_training(wl, None, tile)
+    assert megatron_fused_applies(wl) == F.megatron_kernel_available(wl)
+    prog = megatron_training(wl, None, tile)
     assert counted(prog, "forward") == closed("megatron", "forward", wl, tile)
     assert counted(prog, "backward") == closed("megatron", "backward", wl, tile)
 
@@ -79,13 +88,13 @@ def test_outputs_and_gradients_equal_reference(variant, fields, tile, seed):
         wl = Workload(**{**fields, "batch": 2, "heads": 4, "seq_len_q": 24, "seq_len_kv": 24,
                          "key_padding_mask": False})
     data = random_data(wl, seed)
-    out = simulate(GPU, getattr(V, f"{variant}_training")(wl, data, tile)).outputs
+    out = simulate(GPU, build(variant, wl, data, tile, True)).outputs
     o, _ = attention_forward(wl, data)
     ref = attention_backward(wl, data, data.d_o)
     np.testing.assert_allclose(out["O"].reshape(o.shape), o, rtol=0, atol=1e-12)
     for name in ("dQ", "dK", "dV"):
         np.testing.assert_allclose(out[name].reshape(ref[name].shape), ref[name], rtol=0, atol=1e-12, err_msg=name)
-    fwd = simulate(GPU, getattr(V, f"{variant}_forward")(wl, data, tile)).outputs
+    fwd = simulate(GPU, build(variant, wl, data, tile, False)).outputs
     np.testing.assert_allclose(fwd["O"].reshape(o.shape), o, rtol=0, atol=1e-12)
 
 
@@ -97,12 +106,12 @@ def test_pytorch_bench_by_hand():
     # 131072 (one head), writes S_masked 131072; softmax reads it, writes P 131072.
     # einsum copies V (32768 each way); bmm: P read once (d = 64 is one tile), V_r per row tile.
     wl = Workload(1, 1, 256, 256, 64, causal=True)
-    io = counted(V.pytorch_bench_forward(wl, None, (128, 128, 64)), "forward")
+    io = counted(pytorch_bench_forward(wl, None, (128, 128, 64)), "forward")
     assert io == {"Q": (32768, 0), "Q_r": (65536, 32768), "K": (32768, 0), "K_T": (65536, 32768),
                   "S": (131072, 131072), "mask_full": (262144, 262144), "mask_triu": (262144, 262144),
                   "causal_mask": (131072, 131072), "S_masked": (131072, 131072), "P": (131072, 131072),
                   "V": (32768, 0), "V_r": (65536, 32768), "O": (0, 32768)}
-    assert io == closed("pytorch_bench", "forward", wl, (128, 128, 64))
+    assert io == closed("pytorch-bench", "forward", wl, (128, 128, 64))
 
 
 def test_attention_ref_by_hand():
@@ -112,11 +121,11 @@ def test_attention_ref_by_hand():
     # v*1/(1-p) reads V_rep 32; einsum reads P 64 and V 32,
     # writes O32 32; downcasts read O32 32 -> O 16 and P 64 -> attention 32.
     wl = Workload(1, 1, 4, 4, 2)
-    io = counted(V.attention_ref_forward(wl, None, (8, 8, 8)), "forward")
+    io = counted(attention_ref_forward(wl, None, (8, 8, 8)), "forward")
     assert io == {"Q": (16, 0), "K": (16, 0), "V": (16, 0), "Q32": (32, 32), "K32": (32, 32), "V32": (32, 32),
                   "K_rep": (32, 32), "V_rep": (32, 32), "Q_scaled": (32, 32), "S": (64, 64), "P": (128, 64),
                   "V_dropscaled": (32, 32), "O32": (32, 32), "O": (0, 16), "attention": (0, 32)}
-    assert io == closed("attention_ref", "forward", wl, (8, 8, 8))
+    assert io == closed("attention-ref", "forward", wl, (8, 8, 8))
 
 
 def test_megatron_causal_by_hand():
@@ -126,8 +135,8 @@ def test_megatron_causal_by_hand():
     # in place into dP (16384 B), after gemm_dp wrote dP (16384 B); gemm_dv reads P once more
     # (16384 B: d = 8 is one tile), gemm_dq and gemm_dk read dS = dP once each (16384 B each).
     wl = Workload(2, 4, 32, 32, 8, causal=True)
-    assert V.megatron_fused_applies(wl)
-    prog = V.megatron_training(wl, None, (32, 32, 8))
+    assert megatron_fused_applies(wl)
+    prog = megatron_training(wl, None, (32, 32, 8))
     fwd, bwd = counted(prog, "forward"), counted(prog, "backward")
     assert fwd["S"] == (8448, 16384) and fwd["P"] == (16384, 16384)
     assert bwd["P"] == (8448 + 16384, 0) and bwd["dP"] == (8448 + 2 * 16384, 16384 + 16384)
@@ -148,4 +157,4 @@ def test_megatron_causal_by_hand():
 ])
 def test_megatron_gate(fields, fused):
     wl = Workload(**{"batch": 2, "heads": 4, "head_dim": 8, **fields})
-    assert V.megatron_fused_applies(wl) is fused and F.megatron_kernel_available(wl) is fused
+    assert megatron_fused_applies(wl) is fused and F.megatron_kernel_available(wl) is fused

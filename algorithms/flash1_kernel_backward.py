@@ -1,0 +1,177 @@
+"""The FlashAttention v1.0.9 kernel's backward (spec8 section 1; see flash1_kernel.py), after its
+forward: non-parallel (`compute_dq_dk_dv_1xN`, one block per batch-head) or seq-parallel (zero
+dq_tmp, dot_do_o, one block per (batch-head, key block) with fp32 atomics into dq_tmp, then dq_tmp
+-> dQ), chosen by `fa1_bwd_parallel` (num_splits_heuristic_bwd). Dropout regenerates its mask
+in-kernel (Philox): no mask bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import MMA_SYNC
+
+from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .common import STATS_DTYPE, load_kv_len, scaled_keep_mask
+from .flash1_kernel import BWD_WARPS_N, DOT_DO_O_ROWS, QUERY_STEP, fa1_kernel_forward, fa1_kernel_sram_bytes, key_blocks
+from .workload import AttentionData, Workload, allowed
+
+
+def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parallel: bool,
+                        data: AttentionData | None = None) -> Program:
+    """The kernel's forward (num_splits thread blocks per batch-head), then its backward."""
+    fwd = fa1_kernel_forward(wl, block_kv, num_splits, data)
+    bwd, grads = fa1_kernel_backward(wl, fwd, block_kv, bwd_parallel, data)
+    return Program("flash1_kernel_training", list(fwd.launches) + bwd, inputs=fwd.inputs,
+                   outputs={**fwd.outputs, **grads})
+
+
+def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel: bool,
+                        data: AttentionData | None) -> tuple:
+    """The backward's launches after the forward `fwd`: seq-parallel (zero dq_tmp, dot_do_o, one
+    block per (batch-head, key block), convert dQ) or one block per batch-head; and {dQ, dK, dV}."""
+    tensors = named(fwd)
+    Q, K, V, O, LSE = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["lse"]
+    g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
+    dO = d_o_tensor(wl, data)
+    D = grad_tensor("D", LSE, data)                                 # softmax_d, fp32
+    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
+    kblocks = key_blocks(wl, block_kv)
+    n_kb, n_steps = len(kblocks), math.ceil(nq / QUERY_STEP)
+    loop = n_kb > 1
+    # dq_tmp: fp32, `if (loop)` in the non-parallel path (fmha_api.cpp:450-451); always (zeroed)
+    # in the seq-parallel one (:483-490).
+    DQT = grad_tensor("dq_tmp", Q, data, STATS_DTYPE) if (loop or bwd_parallel) else None
+    scale, itemsize = wl.softmax_scale, wl.itemsize
+    keep = scaled_keep_mask(wl, data)
+    numeric = data is not None
+    all_cols, one = slice(0, d), slice(0, 1)
+    sram = fa1_kernel_sram_bytes(wl, block_kv, True)
+    n_chunks = math.ceil(nq / DOT_DO_O_ROWS)
+
+    def step_rows(i):
+        r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
+        return slice(r0, r1), r0, r1, r1 - r0
+
+    def read_lens(ctx, g):
+        return (yield from load_kv_len(ctx, tensors, wl, g))
+
+    def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector):
+        """One (key block, query step) of the backward: FLOPs, then the numeric gradients."""
+        n, nc = r1 - r0, c1 - c0
+        # FLOPs: five GEMMs of 2*n*nc*d (S = QK^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q,
+        # dQ = dS K); vector: recompute P and dS per score (bwd_vector_flops) plus extra_vector.
+        # SRAM: every warp reads all of Q_i and dO_i, each for two GEMMs (4*W*n*d*e), S/dS staged
+        # transposed through Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from
+        # smem (2*nc*d*e).
+        W = BWD_WARPS_N
+        yield from ctx.compute_chain(
+            dict(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
+                 sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
+                 exp_ops=n * nc),                               # recomputing P: an exp per score
+            # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
+            # written to smem_dq and read back, (W-1)*n*d adds
+            dict(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4))
+        if not numeric:
+            return None, None, None
+        p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
+        return tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
+                          None if keep is None else keep[g, r0:r1, c0:c1])
+
+    def bwd_loop(ctx, g):
+        """compute_dq_dk_dv_1xN: one block per batch-head walks every key block."""
+        kv_len = yield from read_lens(ctx, g)
+        for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
+            cols, nc = slice(c0, c1), c1 - c0
+            if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
+                z = np.zeros((nc, d)) if numeric else None
+                yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+                continue
+            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+            dk_acc = dv_acc = None
+            if numeric:
+                dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+            for i in range(begin, n_steps):
+                rows, r0, r1, n = step_rows(i)
+                if j == 0:                            # Is_first: O read, D = rowsum(dO o O) written
+                    q, d_o, lse, o = yield from ctx.load_tiles(
+                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (O[g], rows, all_cols))
+                    yield from ctx.compute(vector_flops=2 * n * d)        # multiply + row sum
+                    yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
+                    (big_d,) = yield from ctx.load_tiles((D[g], rows, one))   # read back (:369, :672)
+                    dq_prev = None
+                else:
+                    q, d_o, lse, big_d, dq_prev = yield from ctx.load_tiles(
+                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one),
+                        (D[g], rows, one), (DQT[g], rows, all_cols))
+                # extra vector work: n*d adds of the loaded fp32 dq_tmp (j > 0)
+                dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d,
+                                                            r0, r1, c0, c1, n * d if j > 0 else 0)
+                dq = None
+                if numeric:
+                    dk_acc += dk_part
+                    dv_acc += dv_part
+                    dq = dq_part if dq_prev is None else dq_prev + dq_part
+                final = i < next_begin                # last key block or causal diagonal (:678-699)
+                yield from ctx.store(dQ[g] if final else DQT[g], rows, all_cols, dq)
+            yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
+
+    def zero_dq_tmp(ctx, index):                      # host dq_tmp.zero_() (fmha_api.cpp:483-490)
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        yield from ctx.store(DQT[g], rows, all_cols, np.zeros((rows.stop - rows.start, d)) if numeric else None)
+
+    def dot_do_o(ctx, index):                         # fmha_bwd_dot_do_o_kernel, 128 rows per block
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
+        yield from ctx.compute(vector_flops=2 * (rows.stop - rows.start) * d)   # multiply + row sum
+        yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
+
+    def bwd_seqparallel(ctx, index):                  # compute_dq_dk_dv_seqparallel, grid (b, h, n_kb)
+        j, g = divmod(index, g_count)                 # blockIdx.z = key block, slowest
+        c0, c1, begin, _ = kblocks[j]
+        cols, nc = slice(c0, c1), c1 - c0
+        if begin >= n_steps:
+            z = np.zeros((nc, d)) if numeric else None
+            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            return
+        kv_len = yield from read_lens(ctx, g)
+        k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+        dk_acc = dv_acc = None
+        if numeric:
+            dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+        for i in range(begin, n_steps):
+            rows, r0, r1, n = step_rows(i)
+            q, d_o, lse, big_d = yield from ctx.load_tiles(
+                (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (D[g], rows, one))
+            dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, 0)
+            if numeric:
+                dk_acc += dk_part
+                dv_acc += dv_part
+            yield from ctx.atomic_add(DQT[g], rows, all_cols, dq_part)    # fp32 atomicAdd (:700-708)
+        yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
+
+    def convert_dq(ctx, index):                       # host dq.copy_(dq_tmp): fp32 -> storage dtype
+        g, c = divmod(index, n_chunks)
+        rows = slice(c * DOT_DO_O_ROWS, min(nq, (c + 1) * DOT_DO_O_ROWS))
+        acc = yield from ctx.load(DQT[g], rows, all_cols)
+        yield from ctx.store(dQ[g], rows, all_cols, acc)
+
+    if bwd_parallel:
+        bwd = [
+            Launch("fa1_bwd_zero_dq_tmp", g_count * n_chunks, 0, zero_dq_tmp, allocs=(dO, DQT, dQ, dK, dV),
+                   pass_name="backward"),
+            Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward"),
+            Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward",
+                   tensor_op=MMA_SYNC),
+            Launch("fa1_bwd_convert_dq", g_count * n_chunks, 0, convert_dq, frees=(DQT, D), pass_name="backward"),
+        ]
+    else:
+        allocs = (dO, D, dQ, dK, dV) + ((DQT,) if DQT is not None else ())
+        frees = (D,) + ((DQT,) if DQT is not None else ())
+        bwd = [Launch("fa1_bwd", g_count, sram, bwd_loop, allocs=allocs, frees=frees, pass_name="backward",
+                      tensor_op=MMA_SYNC)]
+    return bwd, {"dQ": dQ, "dK": dK, "dV": dV}

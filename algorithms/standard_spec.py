@@ -1,0 +1,107 @@
+"""Standard attention as a registered program: its mapping (GEMM tiles and which kernel list
+runs), the kernel lists it may run, and its AlgorithmSpec.
+
+Kernel lists, each from the source that was timed or that others use:
+  eager          PyTorch eager as autograd runs it (standard.py, standard_backward.py)
+  pytorch-bench  attention_pytorch, flash-attention benchmarks: the FA2 paper's baseline
+                 (standard_pytorch_bench.py)
+  attention-ref  attention_ref, flash-attention tests, fp32 upcast (standard_attention_ref.py)
+  megatron       Megatron-LM's fused scale-mask-softmax (standard_megatron.py)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from hbmsim.simulator import Program
+
+from . import io_formulas, io_standard_variants
+from .registry import AlgorithmSpec, register
+from .standard import standard_forward
+from .standard_attention_ref import attention_ref_forward, attention_ref_training
+from .standard_backward import standard_training
+from .standard_kernels import GEMM_TILE, gemm_sram_bytes, gemm_tiles
+from .standard_megatron import megatron_forward, megatron_training
+from .standard_pytorch_bench import pytorch_bench_forward, pytorch_bench_training
+from .workload import AttentionData, Workload
+
+EAGER = "eager"
+PYTORCH_BENCH = "pytorch-bench"
+ATTENTION_REF = "attention-ref"
+MEGATRON = "megatron"
+
+
+@dataclass(frozen=True)
+class KernelList:
+    """One variant: its programs (workload, data, gemm tile) -> Program and its closed-form traffic
+    (workload, gemm tile) -> {tensor: (read, write)}, per pass."""
+    forward: Callable
+    training: Callable
+    forward_io: Callable
+    backward_io: Callable
+
+
+KERNEL_LISTS = {
+    EAGER: KernelList(standard_forward, standard_training,
+                      io_formulas.standard_forward_io, io_formulas.standard_backward_io),
+    PYTORCH_BENCH: KernelList(pytorch_bench_forward, pytorch_bench_training,
+                              io_standard_variants.pytorch_bench_forward_io,
+                              io_standard_variants.pytorch_bench_backward_io),
+    ATTENTION_REF: KernelList(attention_ref_forward, attention_ref_training,
+                              io_standard_variants.attention_ref_forward_io,
+                              io_standard_variants.attention_ref_backward_io),
+    MEGATRON: KernelList(megatron_forward, megatron_training,
+                         io_standard_variants.megatron_forward_io, io_standard_variants.megatron_backward_io),
+}
+VARIANTS = tuple(KERNEL_LISTS)      # the default (eager) first
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    """Standard attention's mapping: the output tile (tile_m x tile_n) and k-step of its GEMMs,
+    and which kernel list runs (`variant`)."""
+    tile_m: int = GEMM_TILE[0]
+    tile_n: int = GEMM_TILE[1]
+    tile_k: int = GEMM_TILE[2]
+    variant: str = EAGER
+
+    @property
+    def tile(self) -> tuple:
+        return (self.tile_m, self.tile_n, self.tile_k)
+
+
+def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool) -> Program:
+    kernels = KERNEL_LISTS[m.variant]
+    return (kernels.training if training else kernels.forward)(wl, data, m.tile)
+
+
+def _io(wl: Workload, m: GemmTile, pass_name: str) -> dict:
+    kernels = KERNEL_LISTS[m.variant]
+    return (kernels.forward_io if pass_name == "forward" else kernels.backward_io)(wl, m.tile)
+
+
+def _sram_bytes(wl: Workload, m: GemmTile, training: bool) -> int:
+    """The largest GEMM block: its A and B tiles, each clamped to its matrix."""
+    nq, nk, d = wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    shapes = [(nq, nk, d), (nq, d, nk)] + ([(nk, d, nq), (nq, d, nk)] if training else [])
+    return max(gemm_sram_bytes(wl.itemsize, *gemm_tiles(a, b, c, m.tile)) for a, b, c in shapes)
+
+
+def _steps(wl: Workload, m: GemmTile, training: bool) -> int:
+    """Tile steps: the two GEMMs' k-steps (S = QK^T: Nq x Nkv outputs over d; O = PV: Nq x d
+    outputs over Nkv) and the elementwise kernels' tiles (counted as two per S tile)."""
+    c = math.ceil
+    tm, tn, tk = m.tile
+    g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * c(nk / tk))
+    return steps * (3 if training else 1)
+
+
+SPEC = register(AlgorithmSpec(
+    name="standard", label="standard attention (PyTorch eager)", mapping_type=GemmTile,
+    build=_build, io=_io, sram_bytes=_sram_bytes, steps=_steps,
+    describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}" + ("" if m.variant == EAGER else f" {m.variant}"),
+    nn_arrays=(4, 8), variants=VARIANTS, kernel="standard_attention",
+    no_emulation_reason="the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
+                        "whose traffic a CPU emulation cannot count honestly"))

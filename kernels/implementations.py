@@ -1,0 +1,49 @@
+"""The attention implementations that measured files name, and the hbmsim program and variant
+that reproduces each: the one table that both the published files (scenarios/published.py) and
+the library timings (kernels/library_timing.py) use.
+
+A measured file's run names its implementation ("implementation": "fa2") and carries the
+program and variant from here ("algorithm": "flash2", "variant": "fa2-kernel"); `hbmsim
+validate` simulates that program and variant against it. The README's Mappings table gives the
+sources of each variant. This module lives in kernels/ (the lowest layer that both may import):
+it names programs and variants as plain strings and imports nothing from hbmsim.algorithms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation as measured files name it."""
+    name: str                       # the runs' "implementation" field
+    algorithm: str                  # the hbmsim program that reproduces it
+    variant: str                    # ... and that program's variant
+    in_fa2_paper: str               # what the FlashAttention-2 paper timed under this name
+    timed_here: str | None = None   # what `hbmsim profile-library` times under this name ({torch}: its
+                                    # version); None: not timed by this project
+
+    def describe(self, what: str) -> str:
+        """The provenance's line for this implementation: its program, variant and `what` ran."""
+        return f"hbmsim algorithm {self.algorithm}, variant {self.variant}: {what}"
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
+    Implementation(
+        "fa2", "flash2", "fa2-kernel",
+        in_fa2_paper="FlashAttention-2 v2.0.x, the paper's release (July 2023)",
+        timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.FLASH_ATTENTION (the "
+                   "FlashAttention-2 kernels vendored in torch {torch}; not the v2.0.x release of the paper)"),
+    Implementation(
+        "fa1", "flash1", "fa1-kernel",
+        in_fa2_paper="FlashAttention v1.0.9, the newest v1 at the time (Dao-AILab/flash-attention#505), which "
+                     "splits the query sequence across thread blocks"),
+    Implementation(
+        "pytorch", "standard", "pytorch-bench",
+        in_fa2_paper="attention_pytorch of benchmarks/benchmark_flash_attention.py",
+        timed_here="attention_pytorch of the flash-attention repository's benchmarks/benchmark_flash_attention.py, "
+                   "reproduced op for op"),
+)}
+
+# The implementations this project times itself (kernels/library_timing.py), in the table's order.
+TIMED_HERE: dict[str, Implementation] = {n: i for n, i in IMPLEMENTATIONS.items() if i.timed_here}

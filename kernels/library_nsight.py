@@ -1,0 +1,107 @@
+"""The library kernels (kernels/library_timing.py) under the profilers, and Nsight Compute's
+output summarised:
+
+- ncu_one: one warmed configuration's forward or backward between cudaProfilerStart and Stop,
+  the process that `ncu --profile-from-start off` profiles;
+- op_table: which PyTorch operator launched each kernel (torch.profiler, CPU + CUDA);
+- summarise_ncu_raw: ncu's raw page (--csv --page raw, --set full) -> per kernel the launch
+  shape, occupancy limits, clock, DRAM and L2 bytes and pipe utilisation (NCU_SUMMARY_METRICS),
+  as scenarios/measured/h100-ncu-kernels.json keeps them.
+"""
+from __future__ import annotations
+
+import csv
+import io
+
+from .library_timing import HIDDEN, TOKENS, make_fn
+from .profile import ncu_table
+
+
+def _warmed(impl, d, n, causal):
+    """One configuration of the paper's set-up (batch = TOKENS // N, at least 1; HIDDEN // d heads)
+    after one untimed forward and backward: (inputs, fn, y, grad), y kept for more backwards."""
+    import torch
+    inputs, fn = make_fn(impl, max(1, TOKENS // n), n, HIDDEN // d, d, causal, torch.float16)
+    y = fn(*inputs)
+    grad = torch.randn_like(y)
+    y.backward(grad, retain_graph=True)
+    torch.cuda.synchronize()
+    return inputs, fn, y, grad
+
+
+def ncu_one(impl, d, n, causal, pass_name) -> int:
+    """Under ncu (--profile-from-start off): one warm-up pass, then the measured pass between
+    cudaProfilerStart and Stop (process-wide: the backward's kernels launch from autograd's own thread)."""
+    import torch
+    inputs, fn, y, grad = _warmed(impl, d, n, causal)
+    for x in inputs:
+        x.grad = None
+    torch.cuda.profiler.start()
+    if pass_name == "forward":
+        fn(*inputs)
+    else:
+        y.backward(grad, retain_graph=True)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+def op_table(impl, d, n, causal) -> int:
+    """Print which operator launched each kernel (torch.profiler, CPU + CUDA, input shapes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    inputs, fn, y, grad = _warmed(impl, d, n, causal)
+    for name, call in (("forward", lambda: fn(*inputs)), ("backward", lambda: y.backward(grad, retain_graph=True))):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            call()
+            torch.cuda.synchronize()
+        print(f"==== {impl} d={d} N={n} causal={causal} {name}")
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="cuda_time_total", row_limit=40,
+                                                                 max_name_column_width=90))
+    return 0
+
+
+# What `--summarise-ncu` keeps of Nsight Compute's raw page (--set full): launch shape, occupancy
+# limits, clock, DRAM and L2 bytes, and how busy each pipe was.
+NCU_SUMMARY_METRICS = (
+    "gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+    "launch__shared_mem_per_block_dynamic", "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
+    "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__cycles_elapsed.avg.per_second",
+    "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
+
+
+def summarise_ncu_raw(text: str) -> list[dict]:
+    """ncu --csv --page raw output -> one dict per kernel: its name and NCU_SUMMARY_METRICS (numbers as
+    ncu printed them, in its units), plus the shared-memory pipe's busy fraction: wavefronts per SM
+    (one a cycle) over the kernel's cycles."""
+    table = ncu_table(text)
+    if table is None:
+        return []
+    rows = list(csv.reader(io.StringIO(table)))
+    header, units = rows[0], rows[1]
+    out = []
+    for row in rows[2:]:
+        d = dict(zip(header, row))
+        k = {"name": d.get("Kernel Name", ""), "units": {}}
+        for m in NCU_SUMMARY_METRICS:
+            if m in d:
+                try:
+                    k[m] = float(d[m].replace(",", ""))
+                except ValueError:
+                    continue
+                k["units"][m] = dict(zip(header, units)).get(m, "")
+        try:
+            sms = float(d["device__attribute_multiprocessor_count"].replace(",", ""))
+            cycles = k["gpu__time_duration.sum"] * 1e-9 * k["sm__cycles_elapsed.avg.per_second"]
+            k["shared_pipe_busy_pct"] = 100 * k["l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"] / sms / cycles
+        except (KeyError, ValueError, ZeroDivisionError):
+            pass
+        out.append(k)
+    return out

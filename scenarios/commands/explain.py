@@ -1,0 +1,47 @@
+"""`hbmsim explain`: standard and flash attention walked through on a small example, tile by tile
+(scenarios/explain.py prints it)."""
+from __future__ import annotations
+
+from hbmsim.simulator import HbmsimError
+
+from ..experiment import resolve_hardware
+from .common import count
+
+
+def add_parser(sub) -> None:
+    x = sub.add_parser("explain", help="walk through standard and flash attention on a small example, "
+                       "tile by tile, with the numbers the programs compute")
+    x.add_argument("--inputs", metavar="FILE", help="JSON (nested lists) or .npz with Q, K, V and optionally dO")
+    x.add_argument("--random", nargs=3, type=count(1), metavar=("NQ", "NKV", "D"),
+                   help="a random example of this size (values rounded to 2 decimals)")
+    x.add_argument("--seed", type=count(0), default=0, help="seed of --random (default 0)")
+    x.add_argument("--block-q", type=count(1), default=2, help="query block (default 2)")
+    x.add_argument("--block-kv", type=count(1), default=2, help="key/value block (default 2)")
+    x.add_argument("--scale", type=float, default=1.0, help="softmax scale (default 1)")
+    x.add_argument("--causal", action="store_true", help="causal mask")
+    x.add_argument("--dtype", default="fp32", choices=("fp16", "bf16", "fp32"), help="storage dtype (bytes only)")
+    x.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default a100-sxm4-40gb)")
+    x.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args) -> int:
+    from .. import explain as X
+    opts = dict(scale=args.scale, causal=args.causal, block_q=args.block_q, block_kv=args.block_kv,
+                dtype=args.dtype)
+    if args.inputs and args.random:
+        raise HbmsimError("explain: give --inputs FILE or --random NQ NKV D, not both")
+    if args.inputs:
+        ex = X.load_example(args.inputs, **opts)
+    elif args.random:
+        ex = X.random_example(*args.random, args.seed, **opts)
+    else:
+        ex = X.default_example(**opts)
+    nq, nkv, d = ex.q.shape[0], ex.k.shape[0], ex.q.shape[1]
+    if max(nq, nkv) > X.MAX_ROWS or d > X.MAX_HEAD_DIM:
+        raise HbmsimError(f"explain: {nq} x {nkv} with head dim {d} is too big to print (at most {X.MAX_ROWS} rows "
+                          f"and head dim {X.MAX_HEAD_DIM}); `hbmsim run` simulates big workloads")
+    for name, value, n in (("--block-q", args.block_q, ex.q.shape[0]), ("--block-kv", args.block_kv, ex.k.shape[0])):
+        if value > n:
+            raise HbmsimError(f"explain: {name} = {value} is longer than the sequence ({n} rows)")
+    print(X.explain(ex, resolve_hardware(args.hardware)))
+    return 0

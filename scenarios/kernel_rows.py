@@ -1,0 +1,81 @@
+"""Kernel to kernel: which measured kernel rows (torch.profiler's CUDA activity, one row per kernel
+name with its device time per pass) each predicted kernel stands for.
+
+A program variant models what a library runs, kernel by kernel; the library's kernels carry
+their own names (CUTLASS templates, cuBLAS's nvjet GEMMs, ATen's elementwise and softmax
+kernels). Each variant describes its kernels here as groups: a label, a pattern that the
+measured names of the group match, and the hbmsim kernels that model them. A group compares
+the summed predicted device time of its hbmsim kernels with the summed measured time of its
+rows, so one off kernel shows as one off group. Measured rows that no group claims (a Memset,
+say) and predicted time that no group claims (the L2 write-back at a pass's end) are reported
+as such, never dropped: the pass's kernel sum keeps them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    label: str
+    measured: str               # regular expression over the measured kernel names
+    predicted: tuple            # the hbmsim kernels (Launch names) that model them
+
+
+# flash2 fa2-kernel: the FlashAttention-2 kernels vendored in PyTorch (flash_fwd_kernel.h,
+# flash_bwd_kernel.h, flash_bwd_preprocess_kernel.h), one launch each per pass.
+_FA2 = (
+    KernelGroup("forward", r"flash_fwd_kernel|flash_fwd_splitkv_kernel", ("flash2_fwd",)),
+    KernelGroup("dO.O (preprocess)", r"flash_bwd_dot_do_o", ("flash2_bwd_dot_do_o",)),
+    KernelGroup("dQ dK dV", r"flash_bwd_dq_dk_dv", ("flash2_bwd",)),
+    KernelGroup("convert dQ", r"flash_bwd_convert_dq", ("flash2_bwd_convert_dq",)),
+)
+# standard pytorch-bench: attention_pytorch of flash-attention's benchmark_flash_attention.py,
+# op by op: cuBLAS GEMMs (nvjet on Hopper, ampere_/sm80_ cutlass on A100), ATen's copies for the
+# rearranges and the einsum's layout, ATen's softmax, and elementwise multiplies in the backward.
+_PYTORCH = (
+    KernelGroup("GEMMs", r"nvjet|gemm|cutlass|xmma|ampere_|sm80_|sm90_",
+                ("baddbmm", "bmm_pv", "bmm_bwd_dp", "bmm_bwd_dv", "baddbmm_bwd_dq", "baddbmm_bwd_dk")),
+    KernelGroup("softmax", r"softmax_warp_forward|cunn_SoftMaxForward", ("softmax",)),
+    KernelGroup("softmax backward", r"softmax_warp_backward|cunn_SoftMaxBackward", ("softmax_bwd",)),
+    KernelGroup("copies (rearrange, einsum, stack, mask cast)", r"direct_copy|CatArrayBatchedCopy|copy_kernel",
+                ("rearrange_q", "rearrange_k", "einsum_copy_v", "stack_qkv_grad", "causal_to_dtype")),
+    KernelGroup("causal mask (full, triu, add)", r"FillFunctor|triu_tril|CUDAFunctor_add",
+                ("causal_full", "causal_triu", "causal_add")),
+    KernelGroup("elementwise multiplies", r"MulFunctor", ("softmax_bwd_mul", "mul_alpha_dq", "mul_alpha_dk")),
+)
+GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH}
+
+UNCLAIMED_MEASURED = "measured, not modelled"       # rows no group claims (e.g. Memset)
+UNCLAIMED_PREDICTED = "predicted, not a kernel row"  # e.g. the L2 write-back at the end of a pass
+
+
+def compare_kernels(algorithm: str, variant: str, predicted: list, measured: list) -> list | None:
+    """[(group label, predicted device s, measured device s)] for one pass: `predicted` the
+    result's kernels ({"name", "time_s"}), `measured` the run's kernel rows ({"name", "time_s"}
+    per pass). None when the variant describes no groups or the run has no kernel rows."""
+    groups = GROUPS.get((algorithm, variant))
+    if not groups or not measured:
+        return None
+    pred = {g.label: 0.0 for g in groups}
+    meas = {g.label: 0.0 for g in groups}
+    extra_pred = extra_meas = 0.0
+    owner = {name: g.label for g in groups for name in g.predicted}
+    for k in predicted:
+        if k["name"] in owner:
+            pred[owner[k["name"]]] += k["time_s"]
+        else:
+            extra_pred += k["time_s"]
+    for row in measured:
+        g = next((g for g in groups if re.search(g.measured, row["name"])), None)
+        if g is None:
+            extra_meas += row["time_s"]
+        else:
+            meas[g.label] += row["time_s"]
+    out = [(g.label, pred[g.label], meas[g.label]) for g in groups if pred[g.label] or meas[g.label]]
+    if extra_meas:
+        out.append((UNCLAIMED_MEASURED, 0.0, extra_meas))
+    if extra_pred:
+        out.append((UNCLAIMED_PREDICTED, extra_pred, 0.0))
+    return out

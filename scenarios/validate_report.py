@@ -1,0 +1,175 @@
+"""What `hbmsim validate` prints and writes: per-family tables at the event and the kernel level,
+the kernel groups that are off, the ablation table, the predicted-vs-measured plot and the JSON.
+
+A family is (implementation, GPU, pass). Errors are (predicted - measured) / measured; negative:
+the model is optimistic. Each table gives n, the median and worst |error| and the signed median,
+for every sequence length and for N >= LONG_N.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import textwrap
+from pathlib import Path
+
+from hbmsim.simulator import TimeModel
+
+from .outputs import pyplot, save_figure
+from .validate import LONG_N
+
+def family_stats(points: list, error=lambda p: p.error) -> dict:
+    """{family: {"all": (n, median |err|, worst |err|, signed median), "long": the same for N >= LONG_N}}
+    of `error` (a point's event-level error by default; points whose error is None left out)."""
+    out: dict = {}
+    for fam in dict.fromkeys(p.family for p in points):
+        row = {}
+        for key, keep in (("all", lambda p: True), ("long", lambda p: p.seq_len >= LONG_N)):
+            errs = [e for p in points if p.family == fam and keep(p) and (e := error(p)) is not None]
+            row[key] = ((len(errs), statistics.median(abs(e) for e in errs), max(abs(e) for e in errs),
+                         statistics.median(errs)) if errs else (0, None, None, None))
+        if row["all"][0]:
+            out[fam] = row
+    return out
+
+
+def _pct(x) -> str:
+    return "    -" if x is None else f"{100 * x:+5.0f}%" if x < 0 else f"{100 * x:5.0f}%"
+
+
+def family_table(stats: dict) -> list:
+    """The lines of one per-family table (family_stats' output)."""
+    width = max(len(" ".join(f)) for f in stats)
+    lines = [f"{'family':{width}s}   {'all N':>30s}   {'N >= ' + str(LONG_N):>30s}",
+             f"{'':{width}s}   {'n  median|e|  worst|e|  median e':>30s}   {'n  median|e|  worst|e|  median e':>30s}"]
+    for fam, row in stats.items():
+        cells = []
+        for key in ("all", "long"):
+            n, med, worst, signed = row[key]
+            cells.append(f"{n:2d}  {_pct(med):>9s}  {_pct(worst):>8s}  {_pct(signed):>8s}")
+        lines.append(f"{' '.join(fam):{width}s}   {cells[0]:>30s}   {cells[1]:>30s}")
+    return lines
+
+
+def kernel_group_table(points: list) -> list:
+    """Per family and kernel group: n, median and worst |error| and signed median of the group's
+    device time (groups only measured or only predicted: their median time instead)."""
+    rows: dict = {}
+    for p in points:
+        for label, pred, meas in p.kernels:
+            rows.setdefault((p.family, label), []).append((pred, meas))
+    if not rows:
+        return []
+    width = max(len(" ".join(f)) + 2 + len(g) for f, g in rows)
+    lines = [f"{'family: kernel group':{width}s}   {'n  median|e|  worst|e|  median e':>30s}"]
+    for (fam, label), pairs in rows.items():
+        name = f"{' '.join(fam)}: {label}"
+        errs = [(pred - meas) / meas for pred, meas in pairs if meas and pred]
+        if errs:
+            cell = (f"{len(errs):2d}  {_pct(statistics.median(abs(e) for e in errs)):>9s}  "
+                    f"{_pct(max(abs(e) for e in errs)):>8s}  {_pct(statistics.median(errs)):>8s}")
+        else:
+            which = "measured" if any(meas for _, meas in pairs) else "predicted"
+            t = statistics.median(meas or pred for pred, meas in pairs)
+            cell = f"{len(pairs):2d}  {which} only, median {t * 1e6:.1f} us a pass"
+        lines.append(f"{name:{width}s}   {cell:>30s}")
+    return lines
+
+
+def ablation_report(points: list) -> str:
+    """Signed median time error per family (N >= 1024) with each effect off in turn: how much of
+    the measured time each effect explains."""
+    labels = list(points[0].ablation)
+    fams = list(dict.fromkeys(p.family for p in points))
+    width = max(len(" ".join(f)) for f in fams)
+    cols = ["model"] + labels
+    lines = [f"ablation: signed median time error, N >= {LONG_N} (all N where a family has none), "
+             "with each effect of the time model switched off in turn",
+             f"{'family':{width}s}  " + "  ".join(f"{c:>{max(9, len(c))}s}" for c in cols)]
+    for fam in fams:
+        pts = [p for p in points if p.family == fam and p.seq_len >= LONG_N] or \
+              [p for p in points if p.family == fam]
+        cells = [statistics.median(p.error for p in pts)]
+        cells += [statistics.median((p.ablation[c] - p.measured_s) / p.measured_s for p in pts) for c in labels]
+        lines.append(f"{' '.join(fam):{width}s}  " + "  ".join(f"{100 * e:>+{max(9, len(c)) - 1}.0f}%"
+                                                               for c, e in zip(cols, cells)))
+    allp = [p for p in points if p.seq_len >= LONG_N] or points
+    cells = [statistics.median(abs(p.error) for p in allp)]
+    cells += [statistics.median(abs(p.ablation[c] - p.measured_s) / p.measured_s for p in allp) for c in labels]
+    lines.append(f"{'median |error|, all':{width}s}  " + "  ".join(f"{100 * e:>{max(9, len(c)) - 1}.0f}%"
+                                                                    for c, e in zip(cols, cells)))
+    return "\n".join(lines)
+
+
+def report(points: list, sources: list, model: TimeModel | None = None) -> str:
+    lines = [f"predicted by hbmsim (time model: {(model or TimeModel()).describe()}) against {', '.join(sources)}",
+             "time error = (predicted - measured) / measured; negative: the model is optimistic", "",
+             "event level: the pass's predicted time against the measured pass (CUDA events, or a paper's figure)"]
+    lines += family_table(family_stats(points))
+    errs = [abs(p.error) for p in points]
+    lines += ["", f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "
+                  f"worst {100 * max(errs):.0f}%"]
+    kernel_stats = family_stats(points, lambda p: p.kernel_error)
+    if kernel_stats:
+        kerrs = [abs(p.kernel_error) for p in points if p.kernel_error is not None]
+        lines += ["", "kernel level: the pass's predicted kernel device time against its measured kernel rows "
+                      "(torch.profiler)"]
+        lines += family_table(kernel_stats)
+        lines += ["", f"{len(kerrs)} runs with kernel rows: median |kernel error| "
+                      f"{100 * statistics.median(kerrs):.0f}%, worst {100 * max(kerrs):.0f}%", ""]
+        lines += kernel_group_table(points)
+    folded = [p.simulated_fraction for p in points if p.simulated_fraction < 1]
+    if folded:
+        lines.append(f"fast mode: {len(folded)} of the {len(points)} runs folded, {100 * min(folded):.1f}% to "
+                     f"{100 * max(folded):.1f}% of their blocks simulated and the rest extrapolated "
+                     "(simulator/fold.py)")
+    if points[0].ablation:
+        lines += ["", ablation_report(points)]
+    return "\n".join(lines)
+
+
+def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None,
+         kind: str = "published measurement") -> Path:
+    """Predicted (x) against measured (y) time, log-log, with y = x; one colour per
+    implementation, one marker per GPU and pass. `kind` labels the y axis: published or measured."""
+    plt = pyplot()
+    import matplotlib.ticker
+    fig, ax = plt.subplots(figsize=(7.5, 7))
+    colours = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
+    markers = ("o", "s", "^", "D", "v", "P")
+    impls = list(dict.fromkeys(p.family[0] for p in points))
+    shapes = list(dict.fromkeys(p.family[1:] for p in points))     # one marker per (GPU, pass)
+    for fam in dict.fromkeys(p.family for p in points):
+        pts = [(p.predicted_s * 1e3, p.measured_s * 1e3) for p in points if p.family == fam]
+        ax.scatter(*zip(*pts), color=colours[impls.index(fam[0]) % len(colours)],
+                   marker=markers[shapes.index(fam[1:]) % len(markers)], alpha=0.8,
+                   label=f"{fam[0]} on {fam[1]}, {fam[2]} ({len(pts)})")
+    values = [v for p in points for v in (p.predicted_s * 1e3, p.measured_s * 1e3)]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
+           ylabel=f"{kind} (ms)")
+    fast = "fast mode, folded; " if any(p.simulated_fraction < 1 for p in points) else ""
+    ax.set_title(textwrap.fill(f"Time per run: predicted by hbmsim ({fast}time model: "
+                               f"{(model or TimeModel()).describe()}) vs {kind}", 90)
+                 + "\n" + textwrap.fill(source, 90), fontsize=9)
+    for axis in (ax.xaxis, ax.yaxis):           # ticks at 1, 2, 5 x 10^k, written as plain numbers
+        axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return save_figure(fig, path)
+
+
+def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str:
+    return json.dumps({"complete": complete, "time_model": (model or TimeModel()).describe(), "points": [
+        {"implementation": p.family[0], "hardware": p.family[1], "pass": p.family[2], "seq_len": p.seq_len,
+         "label": p.label, "predicted_time_s": p.predicted_s, "measured_time_s": p.measured_s,
+         "error": p.error, "simulated_fraction": p.simulated_fraction,
+         "predicted_kernel_time_s": p.predicted_kernel_s, "measured_kernel_time_s": p.measured_kernel_s,
+         "kernel_error": p.kernel_error,
+         "kernel_groups": [{"group": g, "predicted_time_s": pr, "measured_time_s": me} for g, pr, me in p.kernels],
+         **({"ablation_time_s": p.ablation} if p.ablation else {})} for p in points]},
+        indent=1) + "\n"
+
+

@@ -1,0 +1,55 @@
+"""The host model (simulator/host.py): hand-worked stopwatch times."""
+import pytest
+
+from hbmsim.simulator.host import DEFAULT_HOST, SOURCES, HostSpec, HostStep, pass_times
+
+US = 1e-6
+
+
+def test_every_field_has_a_source():
+    assert set(SOURCES) == set(HostSpec.__dataclass_fields__)
+
+
+def test_one_long_kernel_pays_one_op_and_one_launch():
+    # host: 6.8 us (the op) + 5 us (the launch) = 11.8 us before the kernel starts; then 100 us
+    t = pass_times([HostStep(100 * US)], backward=False)
+    assert t.kernel_time_s == pytest.approx(100 * US)
+    assert t.time_s == pytest.approx(111.8 * US)
+    assert t.starts_s == pytest.approx((11.8 * US,))
+
+
+def test_tiny_kernels_are_host_bound():
+    # each 1 us kernel waits for the host's 11.8 us: starts at 11.8 and 23.6 us, the pass ends at 24.6 us
+    t = pass_times([HostStep(1 * US), HostStep(1 * US)], backward=False)
+    assert t.starts_s == pytest.approx((11.8 * US, 23.6 * US))
+    assert t.time_s == pytest.approx(24.6 * US)
+
+
+def test_long_kernels_hide_the_host_behind_the_queue():
+    # the second launch is queued at 11.8 + 11.8 = 23.6 us, long before the first kernel ends at 111.8 us:
+    # it starts 0.9 us (the back-to-back gap) after, and the pass ends at 111.8 + 0.9 + 100 = 212.7 us
+    t = pass_times([HostStep(100 * US), HostStep(100 * US)], backward=False)
+    assert t.time_s == pytest.approx(212.7 * US)
+
+
+def test_a_kernel_launched_by_the_same_op_pays_only_its_launch():
+    # FlashAttention-2's backward: one autograd node launches three kernels. Engine start 13 us, the node
+    # 6.8 us, launch 5 us: the first starts at 24.8 us; the others are queued by 34.8 us, before it ends
+    t = pass_times([HostStep(10 * US, 1), HostStep(50 * US, 0), HostStep(5 * US, 0)], backward=True)
+    assert t.starts_s == pytest.approx((24.8 * US, 35.7 * US, 86.6 * US))
+    assert t.time_s == pytest.approx(91.6 * US)
+
+
+def test_device_work_without_a_launch_follows_the_last_kernel():
+    t = pass_times([HostStep(100 * US), HostStep(3 * US, ops=0, launched=False)], backward=False)
+    assert t.time_s == pytest.approx(114.8 * US) and t.kernel_time_s == pytest.approx(103 * US)
+
+
+def test_a_full_queue_blocks_the_host():
+    # a queue of one launch: the host may launch kernel 2 only once kernel 1 has started (at 11.8 us),
+    # so kernel 3's launch waits for kernel 2's start (111.8 + 0.9 = 112.7 us), then takes 11.8 us
+    host = HostSpec(queue_launches=1)
+    t = pass_times([HostStep(100 * US), HostStep(100 * US), HostStep(1 * US)], backward=False, host=host)
+    assert t.host_issue_s == pytest.approx((11.8 * US, 23.6 * US, 124.5 * US))
+    assert t.starts_s[2] == pytest.approx(213.6 * US)
+    assert DEFAULT_HOST.queue_launches == 1000
