@@ -53,7 +53,7 @@ def flash1_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 continue   # no query row sees this K/V block
             c1 = min(nk, c0 + block_kv)
             cols, nc = slice(c0, c1), c1 - c0
-            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+            k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
             for i in range(i_first, tr):
                 r0, r1 = i * block_q, min(nq, (i + 1) * block_q)
                 rows, n = slice(r0, r1), r1 - r0

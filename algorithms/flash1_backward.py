@@ -18,6 +18,7 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, tile_grads
+from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import finite_or_zero, load_kv_len, masked_scores, scaled_keep_mask
 from .flash1 import flash1_forward
 from .workload import AttentionData, Workload, causal_first_q_block
@@ -40,7 +41,7 @@ def flash1_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     Q, K, V, O, L, M = tensors["Q"], tensors["K"], tensors["V"], tensors["O"], tensors["l"], tensors["m"]
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     dO = d_o_tensor(wl, data)
-    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
+    dQ, dK, dV = grad_tensor("dQ", Q, data), *kv_grad_tensors(wl, K, V, data)
     tr = math.ceil(nq / block_q)
     scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = scaled_keep_mask(wl, data)
@@ -64,7 +65,7 @@ def flash1_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
             if i_first >= tr:
                 continue      # dK_j = dV_j = 0, as initialised
             nc = c1 - c0
-            k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+            k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
             dk_acc = dv_acc = None
             if numeric:
                 dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
@@ -99,4 +100,5 @@ def flash1_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         Launch("flash1_bwd", g_count, flash1_bwd_sram_bytes(wl, block_q, block_kv), block, pass_name="backward",
                tensor_op=MMA_SYNC),
     ]
-    return launches, {"dQ": dQ, "dK": dK, "dV": dV}
+    sums, grads = reduce_kv_grads(wl, dK, dV, data)       # kv_heads < heads: dK, dV per query head, summed
+    return launches + sums, {"dQ": dQ, **grads}

@@ -22,6 +22,8 @@ from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
+from .common import tiles_per_step as coarse_step
+from .paged import KVLayout
 from .workload import AttentionData, Workload, causal_kv_end
 
 # What flash2_forward's annotations (ctx.note) mean, for whoever listens (`hbmsim explain` prints
@@ -53,8 +55,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     `registers_per_thread`: the compiled kernel's (0: not known), with `warps` x 32 threads a
     block, for the time model's `registers` effect; it never changes a byte of traffic."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    tensors = input_tensors(wl, data)
-    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
+    tensors = input_tensors(wl, data, paged=True)
+    kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
+    Q = tensors["Q"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
@@ -63,32 +66,46 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     numeric = data is not None
     all_cols = slice(0, d)
 
-    step_cols = block_kv * tiles_per_step
-
-    def kv_cols(c0, kv_end):
-        """The K/V tiles of the step starting at column c0: (columns, how many tiles)."""
-        tiles = math.ceil((min(kv_end, c0 + step_cols) - c0) / block_kv)
+    def kv_cols(c0, c_end):
+        """The K/V tiles of the step from column c0 to c_end: (columns, how many tiles)."""
+        tiles = math.ceil((c_end - c0) / block_kv)
         return slice(c0, min(nk, c0 + tiles * block_kv)), tiles
+
+    def span(cols):
+        return cols.start, cols.stop
+
+    def kv_steps(kv_end):
+        """[(c0, c_end)] of a block's steps. Fast mode: the block's own loop sets the step, so a
+        causal mask's short rows keep steps of one tile."""
+        own = coarse_step(math.ceil(kv_end / block_kv), even=not wl.causal)
+        step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
+        starts = range(0, kv_end, step_cols)
+        return [(c0, min(kv_end, c0 + step_cols)) for c0 in starts]
 
     def block(ctx, index):
         g, i = divmod(index, tr)
         rows = block_rows(i, block_q, nq)
         r0, r1, n = rows.start, rows.stop, rows.stop - rows.start
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
+        steps = kv_steps(kv_end)
+        kg = wl.kv_group(g)
         first = [(Q[g], rows, all_cols)]
         if wl.key_padding_mask:
             first.append((tensors["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
+        kv_hi = kv_cols(*steps[-1])[0].stop if steps else 0     # the keys its tiles read: [0, kv_hi)
+        first += kv.table_tiles(kg, 0, kv_hi)             # paged: the block-table entries of those keys
         q_next = ctx.prefetch(*first)                     # Q_i and K_0 are fetched together
-        k_next = ctx.prefetch((K[g], kv_cols(0, kv_end)[0], all_cols)) if kv_end > 0 else None
-        q, *lens = yield from ctx.wait(q_next)
-        kv_len = int(lens[0][0, 0]) if lens and lens[0] is not None else None
+        k_next = ctx.prefetch(*kv.tiles("K", kg, *span(kv_cols(*steps[0])[0]))) if steps else None
+        q, *rest = yield from ctx.wait(q_next)
+        lens = rest[0] if wl.key_padding_mask else None
+        kv_len = int(lens[0, 0]) if lens is not None else None
         if numeric:
             m, l, acc = np.full(n, -np.inf), np.zeros(n), np.zeros((n, d))
-        for c0 in range(0, kv_end, step_cols):
-            cols, tiles = kv_cols(c0, kv_end)
+        for s_i, (c0, c_end) in enumerate(steps):
+            cols, tiles = kv_cols(c0, c_end)
             c1, nc = cols.stop, cols.stop - c0
-            (k,) = yield from ctx.wait(k_next)
-            v_next = ctx.prefetch((V[g], cols, all_cols))
+            k = kv.join((yield from ctx.wait(k_next)))
+            v_next = ctx.prefetch(*kv.tiles("V", kg, c0, c1))
             # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
             # per score and one per row (the rescale exp(m_old - m_new)); SRAM: each warp reads its
             # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j.
@@ -111,9 +128,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 if keep is not None:
                     p = p * keep[g, r0:r1, c0:c1]
                 m = m_new
-            (v,) = yield from ctx.wait(v_next)
-            if c0 + step_cols < kv_end:
-                k_next = ctx.prefetch((K[g], kv_cols(c0 + step_cols, kv_end)[0], all_cols))
+            v = kv.join((yield from ctx.wait(v_next)))
+            if s_i + 1 < len(steps):
+                k_next = ctx.prefetch(*kv.tiles("K", kg, *span(kv_cols(*steps[s_i + 1])[0])))
             # acc += P V_j: P from registers, all of V_j from SRAM by every warp
             yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)
             if numeric:

@@ -21,6 +21,7 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, block_rows, load_kv_len, row_blocks_period, scaled_keep_mask
 from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
@@ -100,7 +101,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     dO = d_o_tensor(wl, data)
     D = grad_tensor("D", LSE, data)
     dQacc = grad_tensor("dQ_accum", Q, data, STATS_DTYPE)
-    dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
+    dQ, dK, dV = grad_tensor("dQ", Q, data), *kv_grad_tensors(wl, K, V, data)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
     scale, itemsize = wl.softmax_scale, wl.itemsize
     keep = scaled_keep_mask(wl, data)
@@ -132,7 +133,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
             yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
             return
         kv_len = yield from load_kv_len(ctx, tensors, wl, g)
-        k, v = yield from ctx.load_tiles((K[g], cols, all_cols), (V[g], cols, all_cols))
+        k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
         dk_acc = dv_acc = None
         if numeric:
             dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
@@ -184,4 +185,6 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
                pass_name="backward", period=q_period, host_ops=0),
     ]
-    return launches, {"dQ": dQ, "dK": dK, "dV": dV}
+    # kv_heads < heads: dK, dV per query head (dk_expanded), then at::sum_out over each group (mha_bwd)
+    sums, grads = reduce_kv_grads(wl, dK, dV, data)
+    return launches + sums, {"dQ": dQ, **grads}

@@ -6,13 +6,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from hbmsim.simulator import Program
+from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
 from .common import tiles_per_step
 from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
+from .flash2_splitkv import (MAX_SPLITS, SPLITKV_BLOCK_M, SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward,
+                             flash2_splitkv_io, packed, resolve_pack, splitkv_block_n, splitkv_steps)
 from .io_formulas import flash2_backward_io, flash2_forward_io
+from .paged import check_page_size
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload
 
@@ -41,6 +44,24 @@ class Flash2Blocks:
     # (fa2_kernel_warps), 4 for the paper variant
     warps: int | str = AUTO
     warps_bwd: int | str = AUTO
+    # Split-KV (Flash-Decoding, FA2 v2.1+, algorithms/flash2_splitkv.py): K/V cut into num_splits
+    # ranges, each a block writing fp32 partial O and log-sum-exp, then a combine kernel. 1 (the
+    # default): no split, every existing result unchanged; "auto": FA2's num_splits_heuristic for
+    # this GPU's SMs (it splits only when batch x heads x query blocks leave SMs idle, i.e. decode
+    # and small batches); at most 128. The default is 1, not "auto", because the heuristic also
+    # splits small prefill shapes (e.g. 1 x 1 heads of 1000 keys), which would change results and
+    # closed forms that exist today: ask for "auto" where decode is modelled.
+    num_splits: int | str = 1
+    # Decode packing (FA2's seqlenq_ngroups_swapped): "auto" packs the query heads that share a
+    # K/V head into one query block when seq_len_q = 1 (K/V read once per group); false: each
+    # query head its own block (FA2 v2.0.x); true: packed (needs seq_len_q = 1). A no-op for
+    # multi-head attention, so "auto" leaves every existing result unchanged.
+    pack_gqa: bool | str = AUTO
+    # KV-cache append (flash_attn_with_kvcache's k, v): the last seq_len_q rows of K and V are the
+    # new tokens, read from K_new / V_new and written into the cache by the split kernel that also
+    # reads it (FA2 runs that kernel for it even with one split). A program option, not a
+    # workload field: the attention computed is the same, only where the new K/V come from.
+    kv_append: bool = False
 
 
 def fa2_kernel_warps(sram_bytes_per_sm: int, wl: Workload) -> tuple[int, int]:
@@ -101,7 +122,57 @@ def _fit(br: int, bc: int, need, limit: int, what: str, notes: list) -> tuple[in
     return br, bc
 
 
+def kernel_workload(wl: Workload, m: Flash2Blocks, data: AttentionData | None = None) -> tuple:
+    """(workload, data) the forward kernel sees: packed when m.pack_gqa (resolved) says so."""
+    return packed(wl, data) if m.pack_gqa is True else (wl, data)
+
+
+def uses_splitkv(m: Flash2Blocks, training: bool = False) -> bool:
+    """Whether the forward runs FA2's split-KV kernel: more than one split, or the KV append."""
+    return not training and (m.num_splits != 1 or m.kv_append is True)
+
+
+def _resolve_decode(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
+    """num_splits, pack_gqa and kv_append checked and resolved: (mapping, kernel workload,
+    whether the split kernel runs). Bad values: one line (HbmsimError)."""
+    ns, ka = m.num_splits, m.kv_append
+    check_page_size(wl)                # a paged KV cache (algorithms/paged.py): FA2's page sizes
+    if training and wl.kv_page_size is not None:
+        raise HbmsimError(f"flash2: kv_page_size = {wl.kv_page_size}: FA2 pages the KV cache of inference only "
+                          "(block_table is a forward argument): run the forward pass alone")
+    if ns != AUTO and ns > MAX_SPLITS:
+        raise HbmsimError(f"flash2: num_splits = {ns} is more than FA2's split-KV kernel allows ({MAX_SPLITS})")
+    if ka not in (True, False):
+        raise HbmsimError(f"flash2: kv_append = {ka!r} must be true or false")
+    if ka and wl.seq_len_q > wl.seq_len_kv:
+        raise HbmsimError(f"flash2: kv_append needs seq_len_q = {wl.seq_len_q} new tokens within seq_len_kv = "
+                          f"{wl.seq_len_kv}")
+    pack = resolve_pack(wl, m.pack_gqa) if m.variant == FA2_KERNEL and not training else False
+    if m.variant == PAPER and (m.pack_gqa is True or ka or ns not in (1, AUTO)):
+        raise HbmsimError("flash2: num_splits, pack_gqa and kv_append model the FA2 kernel: use variant \"fa2-kernel\"")
+    if training and (ka or ns not in (1, AUTO)):
+        raise HbmsimError("flash2: split-KV and kv_append are forward-only (inference): run the forward pass alone")
+    if (ka or ns not in (1, AUTO)) and wl.dropout > 0:
+        raise HbmsimError("flash2: split-KV and kv_append have no dropout in FA2: set dropout = 0")
+    m = replace(m, pack_gqa=pack)
+    weff, _ = kernel_workload(wl, m)
+    if ns == AUTO:
+        if training or m.variant == PAPER:
+            ns = 1
+        else:
+            bq = SPLITKV_BLOCK_M if m.block_q == AUTO else m.block_q
+            bc = splitkv_block_n(wl.head_dim) if m.block_kv == AUTO else m.block_kv
+            ns = auto_num_splits(weff, bq, bc, gpu.sm_count)
+    m = replace(m, num_splits=ns)
+    return m, weff, uses_splitkv(m, training)
+
+
 def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
+    m, weff, split = _resolve_decode(gpu, wl, m, training)
+    return _resolve_blocks(gpu, weff, m, training, split)
+
+
+def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: bool) -> tuple:
     if m.variant == PAPER:
         need = lambda br, bc: max(flash2_sram_bytes(wl, br, bc), flash2_bwd_sram_bytes(wl, br, bc) if training else 0)
         fwd, notes = resolve_flash_blocks(gpu.sram_bytes_per_sm, wl, FlashBlocks(m.block_q, m.block_kv), need)
@@ -112,6 +183,8 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
                        warps_bwd=4 if m.warps_bwd == AUTO else m.warps_bwd), notes
     kernel_fwd, kernel_bwd = fa2_kernel_blocks(gpu.sram_bytes_per_sm, wl)
     warps = fa2_kernel_warps(gpu.sram_bytes_per_sm, wl)
+    if split:      # the split kernel's 64 x kBlockN tiles and 4 warps (run_mha_fwd_splitkv_dispatch)
+        kernel_fwd, warps = (SPLITKV_BLOCK_M, splitkv_block_n(wl.head_dim)), (SPLITKV_WARPS, warps[1])
     notes: list = []
     out = {"warps": warps[0] if m.warps == AUTO else m.warps,
            "warps_bwd": warps[1] if m.warps_bwd == AUTO else m.warps_bwd}
@@ -140,10 +213,17 @@ def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
 
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
-    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv)) if fast else 1
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
+    if not training:
+        new_tokens = wl.seq_len_q if m.kv_append is True else 0
+        wl, data = kernel_workload(wl, m, data)
+        if uses_splitkv(m):
+            return flash2_splitkv_forward(wl, m.block_q, m.block_kv, m.num_splits, data, new_tokens, m.warps,
+                                          fast, regs)
+    even = not wl.causal               # every block's loop as long (common.tiles_per_step)
+    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
     if training:
-        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd)) if fast else 1
+        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
                                registers_per_thread=regs)
@@ -152,22 +232,32 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:
     if pass_name == "forward":
+        new_tokens = wl.seq_len_q if m.kv_append is True else 0
+        wl, _ = kernel_workload(wl, m)
+        if uses_splitkv(m):
+            return flash2_splitkv_io(wl, m.block_q, m.block_kv, m.num_splits, new_tokens)
         return flash2_forward_io(wl, m.block_q, m.block_kv)
     return flash2_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
 
 
 def _sram_bytes(wl: Workload, m: Flash2Blocks, training: bool) -> int:
+    wl = wl if training else kernel_workload(wl, m)[0]
     fwd = flash2_sram_bytes(wl, m.block_q, m.block_kv)
     return max(fwd, flash2_bwd_sram_bytes(wl, m.block_q_bwd, m.block_kv_bwd)) if training else fwd
 
 
 def _steps(wl: Workload, m: Flash2Blocks, training: bool, fast: bool = False) -> int:
     c = math.ceil
+    if not training:
+        wl = kernel_workload(wl, m)[0]
+        if uses_splitkv(m):
+            return splitkv_steps(wl, m.block_q, m.block_kv, m.num_splits, fast)
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
-    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles) if fast else 1))
+    even = not wl.causal
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles, even) if fast else 1))
     if training:      # the backward visits every (K/V block, query block) pair, about twice the work
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
-        q_steps = c(q_tiles / (tiles_per_step(q_tiles) if fast else 1))
+        q_steps = c(q_tiles / (tiles_per_step(q_tiles, even) if fast else 1))
         steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * q_steps
     return steps
 
@@ -175,12 +265,16 @@ def _steps(wl: Workload, m: Flash2Blocks, training: bool, fast: bool = False) ->
 def _describe(m: Flash2Blocks) -> str:
     same = (m.block_q_bwd, m.block_kv_bwd) == (m.block_q, m.block_kv)
     text = f"{m.block_q}x{m.block_kv}" + ("" if same else f" bwd {m.block_q_bwd}x{m.block_kv_bwd}")
+    text += f" split {m.num_splits}" if m.num_splits not in (1, AUTO) else ""
+    text += " packed" if m.pack_gqa is True else ""
+    text += " +append" if m.kv_append is True else ""
     return text + (" (paper)" if m.variant == PAPER else "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=Flash2Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd"),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd", "num_splits"),
+    bool_fields=("pack_gqa", "kv_append"),
     variants=(FA2_KERNEL, PAPER),
-    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True))
+    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True, paged_kv=True))

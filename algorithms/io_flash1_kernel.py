@@ -25,6 +25,7 @@ import math
 from hbmsim.simulator import DTYPE_BYTES
 
 from .common import INDEX_DTYPE, STATS_DTYPE
+from .gqa import reduce_kv_io
 from .workload import Workload, causal_first_q_block
 
 STATS = DTYPE_BYTES[STATS_DTYPE]
@@ -107,7 +108,7 @@ def fa1_kernel_backward_io(wl: Workload, block_kv: int, bwd_parallel: bool) -> d
         _add(io, "dq_tmp", read=g * rows * d * STATS, write=g * rows * d * STATS)   # atomics
         _add(io, "dq_tmp", read=g * nq * d * STATS)                      # convert
         _add(io, "dQ", write=g * nq * d * e)
-        return io
+        return reduce_kv_io(wl, io)
     if wl.key_padding_mask:
         _add(io, "kv_lens", read=g * INDEX)
     _, _, r0, _ = blocks[0]
@@ -119,4 +120,4 @@ def fa1_kernel_backward_io(wl: Workload, block_kv: int, bwd_parallel: bool) -> d
         _add(io, "dQ", write=g * final * d * e)
         if visited > final:
             _add(io, "dq_tmp", write=g * (visited - final) * d * STATS)
-    return io
+    return reduce_kv_io(wl, io)

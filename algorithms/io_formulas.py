@@ -3,7 +3,10 @@
 These are derived from the algorithms on paper, not from the simulator; tests require the
 simulator's counters to equal them exactly for every shape, block size and mask. Ragged edges
 are exact because a tile is clipped to the tensor, so a tensor's rows are read exactly once per
-pass over them. Notation: G = batch*heads, e = bytes per element of the storage dtype,
+pass over them. With kv_heads < heads the flash programs request K/V tiles per query head as
+before (the shared head is read, not copied: only DRAM bytes fall), and their backward adds
+the group sums of the expanded dK, dV (gqa.reduce_kv_io).
+Notation: G = batch*heads, e = bytes per element of the storage dtype,
 Nq, Nk = query and key lengths, d = head dim, Br x Bc = flash blocks, Tr = ceil(Nq/Br).
 
 Growth laws these formulas show (Nq = Nk = N, fixed d):
@@ -17,6 +20,7 @@ import math
 
 from hbmsim.simulator import DTYPE_BYTES
 
+from .gqa import reduce_kv_io
 from .common import INDEX_DTYPE, MASK_DTYPE, STATS_DTYPE
 from .workload import Workload, causal_first_q_block, causal_kv_end
 
@@ -44,7 +48,21 @@ def flash2_kv_rows_read(wl: Workload, block_q: int, block_kv: int) -> int:
     return rows
 
 
+def flash2_table_entries(wl: Workload, block_q: int, block_kv: int) -> int:
+    """Paged KV cache (algorithms/paged.py): block-table entries one batch-head's thread blocks
+    read, each those of the pages its keys [0, end) touch, end its last K/V tile's end:
+    ceil(end / P) per query block (0 when it sees no key)."""
+    nq, nk, p = wl.seq_len_q, wl.seq_len_kv, wl.kv_page_size
+    entries = 0
+    for i in range(math.ceil(nq / block_q)):
+        end = causal_kv_end(wl, min(nq, (i + 1) * block_q)) if wl.causal else nk
+        entries += math.ceil(min(nk, math.ceil(end / block_kv) * block_kv) / p)
+    return entries
+
+
 def flash2_forward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
+    """K/V bytes are those of a contiguous cache whether paged or not (a tile read page by page
+    moves the same bytes); a paged cache adds the block-table reads (4 B an entry)."""
     g, nq, d, e = wl.groups, wl.seq_len_q, wl.head_dim, wl.itemsize
     tr = math.ceil(nq / block_q)
     kv_rows = flash2_kv_rows_read(wl, block_q, block_kv)
@@ -54,6 +72,8 @@ def flash2_forward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
     _add(io, "V", read=g * kv_rows * d * e)
     if wl.key_padding_mask:
         _add(io, "kv_lens", read=g * tr * INDEX)
+    if getattr(wl, "kv_page_size", None) is not None:
+        _add(io, "block_table", read=g * flash2_table_entries(wl, block_q, block_kv) * INDEX)
     _add(io, "O", write=g * nq * d * e)
     _add(io, "lse", write=g * nq * STATS)
     return io
@@ -170,7 +190,7 @@ def flash2_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
     _add(io, "dV", write=g * nk * d * e)
     _add(io, "dQ_accum", read=g * nq * d * STATS)             # bwd_convert_dq
     _add(io, "dQ", write=g * nq * d * e)
-    return io
+    return reduce_kv_io(wl, io)        # kv_heads < heads: expanded dK, dV and their group sums
 
 
 def flash1_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
@@ -193,7 +213,7 @@ def flash1_backward_io(wl: Workload, block_q: int, block_kv: int) -> dict:
     _add(io, "dQ", write=g * q_rows * d * e)
     _add(io, "l", read=g * q_rows * STATS)
     _add(io, "m", read=g * q_rows * STATS)
-    return io
+    return reduce_kv_io(wl, io)        # kv_heads < heads: expanded dK, dV and their group sums
 
 
 def standard_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:

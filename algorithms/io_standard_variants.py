@@ -108,12 +108,14 @@ def pytorch_bench_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) 
 def attention_ref_forward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:
     g, nq, nk, d, e, nn, n1, qd, kd = _dims(wl)
     up = wl.dtype != "fp32"
+    kvd = wl.kv_groups * nk * d                                 # elements of K (of V) before the repeat
     io: dict = {}
     q32, k32, v32 = ("Q32", "K32", "V32") if up else ("Q", "K", "V")
     if up:                                                      # .float(): read e, write 4 bytes
-        for src, dst, n in (("Q", q32, qd), ("K", k32, kd), ("V", v32, kd)):
+        for src, dst, n in (("Q", q32, qd), ("K", k32, kvd), ("V", v32, kvd)):
             _copy(io, src, dst, n * e, n * F32)
-    _copy(io, k32, "K_rep", kd * F32, kd * F32)                 # einops.repeat copies (spec: even g=1)
+    # einops.repeat copies (spec: even g=1); with kv_heads < heads each copy reads the shared head
+    _copy(io, k32, "K_rep", kd * F32, kd * F32)
     _copy(io, v32, "V_rep", kd * F32, kd * F32)
     _copy(io, q32, "Q_scaled", qd * F32, qd * F32)              # q / sqrt(d)
     _gemm(io, g, nq, nk, d, F32, gemm_tile, "Q_scaled", "K_rep", "S")   # einsum in fp32
@@ -145,6 +147,8 @@ def attention_ref_forward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -
 def attention_ref_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:
     g, nq, nk, d, e, nn, n1, qd, kd = _dims(wl)
     up = wl.dtype != "fp32"
+    gqa = wl.group_size > 1
+    kvd = wl.kv_groups * nk * d
     dropout = wl.dropout > 0
     p_used, d_pd = ("P_drop", "dP_drop") if dropout else ("P", "dP")
     io: dict = {}
@@ -153,7 +157,7 @@ def attention_ref_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) 
         _copy(io, "dO", "dO32", qd * e, qd * F32)               # .to backward: grad to fp32
     _gemm(io, g, nq, nk, d, F32, gemm_tile, do32, "V_dropscaled", d_pd)      # einsum bwd
     _gemm(io, g, nk, d, nq, F32, gemm_tile, p_used, do32, "dV_dropscaled")
-    _copy(io, "dV_dropscaled", "dV_rep" if up else "dV", kd * F32, kd * F32)  # mul bwd: x 1/(1-p)
+    _copy(io, "dV_dropscaled", "dV_rep" if up or gqa else "dV", kd * F32, kd * F32)  # mul bwd: x 1/(1-p)
     if dropout:                                                 # masked_fill bwd: zero dropped
         _add(io, "dP_drop", read=nn * F32)
         _add(io, "dropout_mask_not", read=nn * MASK)
@@ -168,10 +172,14 @@ def attention_ref_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) 
         _add(io, "dS", read=nn * F32, write=nn * F32)
         _add(io, "key_padding_mask", read=g * elementwise_panels(wl, gemm_tile) * nk * MASK)
     _gemm(io, g, nq, d, nk, F32, gemm_tile, "dS", "K_rep", "dQ_scaled")      # einsum bwd
-    _gemm(io, g, nk, d, nq, F32, gemm_tile, "dS", "Q_scaled", "dK_rep" if up else "dK")
+    _gemm(io, g, nk, d, nq, F32, gemm_tile, "dS", "Q_scaled", "dK_rep" if up or gqa else "dK")
     _copy(io, "dQ_scaled", "dQ32" if up else "dQ", qd * F32, qd * F32)      # div bwd: x scale
+    if gqa:                                                     # repeat bwd: the sum over each group
+        for name in ("dK", "dV"):
+            _copy(io, name + "_rep", name + "32" if up else name, kd * F32, kvd * F32)
     if up:                                                      # .float() bwd: back to e bytes
-        for src, dst, n in (("dQ32", "dQ", qd), ("dK_rep", "dK", kd), ("dV_rep", "dV", kd)):
+        kv_src = ("dK32", "dV32") if gqa else ("dK_rep", "dV_rep")
+        for src, dst, n in (("dQ32", "dQ", qd), (kv_src[0], "dK", kvd), (kv_src[1], "dV", kvd)):
             _copy(io, src, dst, n * F32, n * e)
     return io
 

@@ -9,13 +9,13 @@ import numpy as np
 
 from hbmsim.simulator import HbmsimError
 
-from .workload import AttentionData, Workload, allowed
+from .workload import AttentionData, Workload, allowed, expand_kv, reduce_kv
 
 
 def softmax_probabilities(wl: Workload, data: AttentionData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """P = softmax(scale * QK^T + mask) with 0 on masked entries and fully masked rows; also the
     row max m (-inf for a fully masked row) and the row sum l of exp(s - m)."""
-    s = wl.softmax_scale * np.einsum("bhid,bhjd->bhij", data.q, data.k)
+    s = wl.softmax_scale * np.einsum("bhid,bhjd->bhij", data.q, expand_kv(wl, data.k))
     if wl.masked:
         for b in range(wl.batch):
             ok = allowed(wl, None if data.kv_lens is None else int(data.kv_lens[b]), 0, wl.seq_len_q, 0, wl.seq_len_kv)
@@ -32,7 +32,7 @@ def attention_forward(wl: Workload, data: AttentionData) -> tuple[np.ndarray, np
     p, m, l = softmax_probabilities(wl, data)
     if wl.dropout > 0:
         p = p * data.keep / (1.0 - wl.dropout)
-    o = np.einsum("bhij,bhjd->bhid", p, data.v)
+    o = np.einsum("bhij,bhjd->bhid", p, expand_kv(wl, data.v))
     m_safe = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + m_safe[..., 0], -np.inf)
@@ -46,6 +46,8 @@ def attention_backward(wl: Workload, data: AttentionData, d_o: np.ndarray) -> di
       dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p)
       D_i = sum_j P_ij dP_ij  (= rowsum(dO * O))
       dS = P * (dP - D);  dQ = scale dS K;  dK = scale dS^T Q
+    With kv_heads < heads K and V are shared by a group of query heads, so dK and dV of a K/V
+    head are the sums of the per-query-head ones over its group.
     Returns dQ, dK, dV (shapes of q, k, v) and the intermediates P, dP, dS, D for teaching.
     """
     data.check(wl)
@@ -57,12 +59,13 @@ def attention_backward(wl: Workload, data: AttentionData, d_o: np.ndarray) -> di
     p, _, _ = softmax_probabilities(wl, data)
     keep = data.keep / (1.0 - wl.dropout) if wl.dropout > 0 else None
     p_drop = p if keep is None else p * keep
-    d_v = np.einsum("bhij,bhid->bhjd", p_drop, d_o)
-    d_p = np.einsum("bhid,bhjd->bhij", d_o, data.v)
+    k, v = expand_kv(wl, data.k), expand_kv(wl, data.v)
+    d_v = reduce_kv(wl, np.einsum("bhij,bhid->bhjd", p_drop, d_o))
+    d_p = np.einsum("bhid,bhjd->bhij", d_o, v)
     if keep is not None:
         d_p = d_p * keep
     big_d = (p * d_p).sum(axis=-1)
     d_s = p * (d_p - big_d[..., None])
-    d_q = scale * np.einsum("bhij,bhjd->bhid", d_s, data.k)
-    d_k = scale * np.einsum("bhij,bhid->bhjd", d_s, data.q)
+    d_q = scale * np.einsum("bhij,bhjd->bhid", d_s, k)
+    d_k = reduce_kv(wl, scale * np.einsum("bhij,bhid->bhjd", d_s, data.q))
     return {"dQ": d_q, "dK": d_k, "dV": d_v, "P": p, "dP": d_p, "dS": d_s, "D": big_d}

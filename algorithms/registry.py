@@ -15,6 +15,7 @@ from typing import Callable
 
 from hbmsim.simulator import GPU, HbmsimError, Program
 
+from .common import refuse_paged
 from .workload import AttentionData, Workload
 
 PASSES = ("forward", "backward")
@@ -51,6 +52,8 @@ class AlgorithmSpec:
     # build takes fast=True (runner: fast mode): inner loops over many tiles run several a step
     coarsens: bool = False
     no_emulation_reason: str = "the CPU emulation runs only the flash kernel"
+    # it models a paged KV cache (workload kv_page_size); the others refuse one in `resolved`
+    paged_kv: bool = False
 
     @property
     def mapping_fields(self) -> tuple:
@@ -101,7 +104,10 @@ class AlgorithmSpec:
         return self.mapping_type(**{**sizes, **fields})
 
     def resolved(self, gpu: GPU, wl: Workload, mapping, training: bool) -> tuple:
-        """(mapping with every field a number, notes)."""
+        """(mapping with every field a number, notes). A paged workload for a program that
+        does not model one: one line (HbmsimError)."""
+        if not self.paged_kv and getattr(wl, "kv_page_size", None) is not None:
+            refuse_paged(wl, self.name)
         if self.resolve is None:
             return mapping, ()
         return self.resolve(gpu, wl, mapping, training)

@@ -15,6 +15,7 @@ import numpy as np
 from hbmsim.simulator import Program, Tensor
 
 from .backward_common import d_o_tensor, grad_tensor
+from .gqa import reduce_kv_grads, repeat_launch
 from .common import MASK_DTYPE, input_tensors, output
 from .standard_kernels import GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, SOFTMAX_VECTOR_FLOPS, gemm_launch, panels_of
 from .standard_torch_kernels import (F32, broadcast_group, causal_triu_launch, copy_launch, fill_launch,
@@ -55,8 +56,10 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
         return output(wl, name, rows, cols, F32, data)
 
     # q, k, v .float()
+    gqa = wl.group_size > 1
     if up:
-        Q32, K32, V32 = f32("Q32", nq, d), f32("K32", nk, d), f32("V32", nk, d)
+        Q32 = f32("Q32", nq, d)
+        K32, V32 = (Tensor(n, K.shape, F32, count_only=not numeric) for n in ("K32", "V32"))
         L.append(copy_launch("upcast_q", [(Q, Q32, False, None)], tr, allocs=(Q32,)))
         L.append(copy_launch("upcast_k", [(K, K32, False, None)], tr, allocs=(K32,)))
         L.append(copy_launch("upcast_v", [(V, V32, False, None)], tr, allocs=(V32,)))
@@ -65,8 +68,11 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
     # k, v repeated (copies); S = (q * scale) k^T
     Krep, Vrep, Qs = f32("K_rep", nk, d), f32("V_rep", nk, d), f32("Q_scaled", nq, d)
     S, P = f32("S", nq, nk), f32("P", nq, nk)
-    L += [copy_launch("repeat_k", [(K32, Krep, False, None)], tr, allocs=(Krep,)),
-          copy_launch("repeat_v", [(V32, Vrep, False, None)], tr, allocs=(Vrep,)),
+    # (kv_heads < heads: einops repeat "b s h d -> b s (h g) d" reads the shared head per copy)
+    L += [repeat_launch(wl, K32, Krep) if gqa else copy_launch("repeat_k", [(K32, Krep, False, None)], tr,
+                                                                 allocs=(Krep,)),
+          repeat_launch(wl, V32, Vrep) if gqa else copy_launch("repeat_v", [(V32, Vrep, False, None)], tr,
+                                                                 allocs=(Vrep,)),
           copy_launch("scale_q", [(Q32, Qs, False, wl.softmax_scale)], tr, allocs=(Qs,)),
           gemm_launch("einsum_qk", Qs, Krep, S, True, gemm_tile, allocs=(S,))]
     # S.masked_fill_(-inf): the key padding row, then the causal mask (ones -> triu, built in HBM)
@@ -146,6 +152,8 @@ def _backward(wl: Workload, data: AttentionData | None, gemm_tile: tuple, saved:
           gemm_launch("einsum_pv_bwd_dv", P_used, dO32, dVs, False, gemm_tile, allocs=(dVs,), a_transposed=True,
                       pass_name=B)]
     dVrep = f32("dV_rep", nk, d) if up else grad_tensor("dV", V, data)
+    if wl.group_size > 1 and not up:
+        dVrep = output(wl, "dV_rep", nk, d, wl.dtype, data)
     L.append(copy_launch("scale_v_bwd", [(dVs, dVrep, False, ks)], tr, B, allocs=(dVrep,), frees=(dVs,)))
     # dP = dPd.masked_fill(~dropout_mask, 0); dS = P (dP - rowsum(dP P)); the masks' fills to 0
     dP = dPd
@@ -166,15 +174,20 @@ def _backward(wl: Workload, data: AttentionData | None, gemm_tile: tuple, saved:
     # the first einsum's grads: dQs = dS K_rep, dK = dS^T Qs; dQ = dQs * scale; then the casts back
     dQs = f32("dQ_scaled", nq, d)
     dKrep = f32("dK_rep", nk, d) if up else grad_tensor("dK", K, data)
+    if wl.group_size > 1 and not up:
+        dKrep = output(wl, "dK_rep", nk, d, wl.dtype, data)
     dQ32 = f32("dQ32", nq, d) if up else grad_tensor("dQ", Q, data)
     L += [gemm_launch("einsum_qk_bwd_dq", dS, Krep, dQs, False, gemm_tile, allocs=(dQs,), pass_name=B),
           gemm_launch("einsum_qk_bwd_dk", dS, Qs, dKrep, False, gemm_tile, allocs=(dKrep,), a_transposed=True,
                       frees=(dS,), pass_name=B),
           copy_launch("scale_q_bwd", [(dQs, dQ32, False, wl.softmax_scale)], tr, B, allocs=(dQ32,), frees=(dQs,))]
+    # kv_heads < heads: the repeat's backward sums each group's gradients (in fp32 when upcast)
+    sums, kv_grads = reduce_kv_grads(wl, dKrep, dVrep, data)
+    L += sums
     if not up:
-        return {"dQ": dQ32, "dK": dKrep, "dV": dVrep}
+        return {"dQ": dQ32, **kv_grads}
     dQ, dK, dV = grad_tensor("dQ", Q, data), grad_tensor("dK", K, data), grad_tensor("dV", V, data)
     L += [copy_launch("float_bwd_q", [(dQ32, dQ, False, None)], tr, B, allocs=(dQ,)),
-          copy_launch("float_bwd_k", [(dKrep, dK, False, None)], tr, B, allocs=(dK,)),
-          copy_launch("float_bwd_v", [(dVrep, dV, False, None)], tr, B, allocs=(dV,))]
+          copy_launch("float_bwd_k", [(kv_grads["dK"], dK, False, None)], tr, B, allocs=(dK,)),
+          copy_launch("float_bwd_v", [(kv_grads["dV"], dV, False, None)], tr, B, allocs=(dV,))]
     return {"dQ": dQ, "dK": dK, "dV": dV}

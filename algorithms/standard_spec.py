@@ -17,6 +17,7 @@ from typing import Callable
 from hbmsim.simulator import Program
 
 from . import io_formulas, io_standard_variants
+from .gqa import expands_kv, expands_kv_io
 from .registry import AlgorithmSpec, register
 from .standard import standard_forward
 from .standard_attention_ref import attention_ref_forward, attention_ref_training
@@ -42,16 +43,26 @@ class KernelList:
     backward_io: Callable
 
 
+def _expanding(forward, training, forward_io, backward_io) -> KernelList:
+    """A kernel list that, with kv_heads < heads, first repeats K and V per query head as the
+    PyTorch code it models does (gqa.expands_kv: Hugging Face's repeat_kv, Megatron-LM's
+    repeat_interleave) and sums the expanded dK, dV per group in its backward."""
+    return KernelList(expands_kv(forward), expands_kv(training),
+                      expands_kv_io(forward_io, "forward"), expands_kv_io(backward_io, "backward"))
+
+
 KERNEL_LISTS = {
-    EAGER: KernelList(standard_forward, standard_training,
+    EAGER: _expanding(standard_forward, standard_training,
                       io_formulas.standard_forward_io, io_formulas.standard_backward_io),
-    PYTORCH_BENCH: KernelList(pytorch_bench_forward, pytorch_bench_training,
+    PYTORCH_BENCH: _expanding(pytorch_bench_forward, pytorch_bench_training,
                               io_standard_variants.pytorch_bench_forward_io,
                               io_standard_variants.pytorch_bench_backward_io),
+    # attention_ref repeats k and v itself (einops repeat, a copy even for multi-head attention):
+    # its own program reads the shared K/V head in that copy (standard_attention_ref.py)
     ATTENTION_REF: KernelList(attention_ref_forward, attention_ref_training,
                               io_standard_variants.attention_ref_forward_io,
                               io_standard_variants.attention_ref_backward_io),
-    MEGATRON: KernelList(megatron_forward, megatron_training,
+    MEGATRON: _expanding(megatron_forward, megatron_training,
                          io_standard_variants.megatron_forward_io, io_standard_variants.megatron_backward_io),
 }
 VARIANTS = tuple(KERNEL_LISTS)      # the default (eager) first

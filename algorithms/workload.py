@@ -32,12 +32,22 @@ class Workload:
     key_padding_mask: bool = False
     dropout: float = 0.0
     scale: float | None = None          # None: 1/sqrt(head_dim)
+    kv_heads: int | None = None         # None: heads (multi-head); 1: multi-query; else grouped-query
+    kv_page_size: int | None = None     # paged KV cache: tokens per page; None: contiguous K/V
 
     def __post_init__(self):
-        for name in ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim"):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for name in ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim", "kv_heads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HbmsimError(f"workload: field '{name}' = {v!r} must be a whole number >= 1")
+        if self.heads % self.kv_heads:
+            raise HbmsimError(f"workload: field 'kv_heads' = {self.kv_heads!r} must divide heads = {self.heads}")
+        p = self.kv_page_size
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise HbmsimError(f"workload: field 'kv_page_size' = {p!r} must be a whole number >= 1 (tokens per page) "
+                              "or \"contiguous\" (not paged)")
         if self.dtype not in STORAGE_DTYPES:
             raise HbmsimError(f"workload: field 'dtype' = {self.dtype!r} must be one of {', '.join(STORAGE_DTYPES)}")
         for name in ("causal", "key_padding_mask"):
@@ -55,6 +65,21 @@ class Workload:
         return self.batch * self.heads
 
     @property
+    def kv_groups(self) -> int:
+        """Batch x K/V heads: how many distinct K (and V) matrices there are."""
+        return self.batch * self.kv_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per K/V head (FA2's h_h_k_ratio): 1 for multi-head attention."""
+        return self.heads // self.kv_heads
+
+    def kv_group(self, g: int) -> int:
+        """The K/V batch-head that query batch-head g = b * heads + h reads, as FA2 indexes it:
+        b * kv_heads + h // (heads // kv_heads)."""
+        return (g // self.heads) * self.kv_heads + (g % self.heads) // self.group_size
+
+    @property
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
@@ -67,14 +92,19 @@ class Workload:
         return self.causal or self.key_padding_mask
 
     def describe(self) -> dict:
-        return {"batch": self.batch, "heads": self.heads, "seq_len_q": self.seq_len_q,
-                "seq_len_kv": self.seq_len_kv, "head_dim": self.head_dim, "dtype": self.dtype,
-                "causal": self.causal, "key_padding_mask": self.key_padding_mask, "dropout": self.dropout}
+        """The fields as a dict (kv_page_size only when the KV cache is paged)."""
+        d = {"batch": self.batch, "heads": self.heads, "kv_heads": self.kv_heads, "seq_len_q": self.seq_len_q,
+             "seq_len_kv": self.seq_len_kv, "head_dim": self.head_dim, "dtype": self.dtype,
+             "causal": self.causal, "key_padding_mask": self.key_padding_mask, "dropout": self.dropout}
+        if self.kv_page_size is not None:
+            d["kv_page_size"] = self.kv_page_size
+        return d
 
 
 @dataclass
 class AttentionData:
-    """float64 inputs for numerics: q (B,H,Nq,d), k and v (B,H,Nkv,d), kv_lens (B,) or None,
+    """float64 inputs for numerics: q (B,H,Nq,d), k and v (B,Hkv,Nkv,d) (Hkv = kv_heads: query
+    head h reads K/V head h // (H // Hkv)), kv_lens (B,) or None,
     keep (B,H,Nq,Nkv) bool or None (dropout keep mask), d_o (B,H,Nq,d): the output gradient
     the backward pass starts from (None for forward only)."""
     q: np.ndarray
@@ -86,7 +116,8 @@ class AttentionData:
 
     def check(self, wl: Workload) -> None:
         b, h, nq, nk, d = wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-        arrays = [("q", self.q, (b, h, nq, d)), ("k", self.k, (b, h, nk, d)), ("v", self.v, (b, h, nk, d))]
+        hk = wl.kv_heads
+        arrays = [("q", self.q, (b, h, nq, d)), ("k", self.k, (b, hk, nk, d)), ("v", self.v, (b, hk, nk, d))]
         if self.d_o is not None:
             arrays.append(("dO", self.d_o, (b, h, nq, d)))
         for name, arr, want in arrays:
@@ -109,12 +140,26 @@ def random_data(wl: Workload, seed: int = 0) -> AttentionData:
     rng = np.random.default_rng(seed)
     b, h, nq, nk, d = wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     q = rng.standard_normal((b, h, nq, d))
-    k = rng.standard_normal((b, h, nk, d))
-    v = rng.standard_normal((b, h, nk, d))
+    k = rng.standard_normal((b, wl.kv_heads, nk, d))
+    v = rng.standard_normal((b, wl.kv_heads, nk, d))
     kv_lens = rng.integers(1, nk + 1, size=b) if wl.key_padding_mask else None
     keep = dropout_keep(wl, seed) if wl.dropout > 0 else None
     d_o = rng.standard_normal((b, h, nq, d))
     return AttentionData(q, k, v, kv_lens, keep, d_o)
+
+
+def expand_kv(wl: Workload, x: np.ndarray) -> np.ndarray:
+    """(B, kv_heads, ...) -> (B, heads, ...): each K/V head repeated for the query heads of its
+    group (Hugging Face's repeat_kv); the identity for multi-head attention."""
+    return x if wl.group_size == 1 else np.repeat(x, wl.group_size, axis=1)
+
+
+def reduce_kv(wl: Workload, x: np.ndarray) -> np.ndarray:
+    """(B, heads, ...) -> (B, kv_heads, ...): the sum over the query heads of each group (the
+    gradient of expand_kv, as FA2's dk_expanded.sum(2))."""
+    if wl.group_size == 1:
+        return x
+    return x.reshape(wl.batch, wl.kv_heads, wl.group_size, *x.shape[2:]).sum(axis=2)
 
 
 def dropout_keep(wl: Workload, seed: int) -> np.ndarray:

@@ -9,6 +9,9 @@ warm-up, with CUDA events:
 - DRAM bandwidth: a device-to-device copy (bytes read + written) and a STREAM triad
   a = b + s * c (two reads, one write), on arrays far larger than the L2.
 
+With the host's launch and dispatch times (kernels/host_microbench.py; `--host`: those only),
+and the HostSpec fields they give (the file's "host_spec", read by simulator/host.py).
+
 Every figure is labelled "measured" with the GPU, driver, clocks and command in the file's
 provenance. The presets cite such a file by name; nothing here is fitted to a published time.
 """
@@ -124,20 +127,31 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
 def main(argv=None) -> int:
     import argparse
     import sys
+    from . import host_microbench
     from .profile import gpu_provenance
     p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.microbench")
     p.add_argument("--out", required=True)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--host", action="store_true", help="the host's launch and dispatch fields only (no rates)")
     a = p.parse_args(argv)
     command = ["python", "-m", "hbmsim.kernels.microbench", "--out", a.out, "--repeats", str(a.repeats)]
+    command += ["--host"] if a.host else []
     prov = gpu_provenance(command, 3, a.repeats, None)
-    prov["timing"] = {"method": "CUDA events around each launch; clock64 cycles per block", "warmup": 3,
+    prov.update(host_microbench.host_provenance())
+    prov["timing"] = {"method": "CUDA events around each launch; clock64 cycles per block; the host entries: "
+                                "time.perf_counter and CUDA events, each entry's method", "warmup": 3,
                       "repeats": a.repeats, "statistic": "median"}
-    doc = {"source": "measured", "what": "microbenchmarks (kernels/microbench.cu, kernels/microbench.py)",
-           "provenance": prov, "results": measure(repeats=a.repeats)}
+    results = {} if a.host else measure(repeats=a.repeats)
+    host = host_microbench.measure(repeats=a.repeats)
+    results.update(host)
+    doc = {"source": "measured", "what": "microbenchmarks (kernels/microbench.cu, kernels/microbench.py; the host: "
+                                         "kernels/host_microbench.cu, kernels/host_microbench.py)",
+           "provenance": prov, "results": results, "host_spec": host_microbench.host_fields(host),
+           "host_spec_derivation": host_microbench.DERIVATION}
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     for k, v in doc["results"].items():
-        print(k, {x: y for x, y in v.items() if x != "times_s"}, file=sys.stderr)
+        print(k, {x: y for x, y in v.items() if not isinstance(y, (list, dict)) and x != "method"}, file=sys.stderr)
+    print("host_spec", doc["host_spec"], file=sys.stderr)
     return 0
 
 

@@ -21,7 +21,8 @@ HARDWARE_DIR = Path(__file__).parent / "hardware"
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len", "seq_len_q", "seq_len_kv", "head_dim", "dtype",
-                   "causal", "key_padding_mask", "dropout", "scale")
+                   "causal", "key_padding_mask", "dropout", "scale", "kv_heads", "kv_page_size")
+CONTIGUOUS = "contiguous"      # kv_page_size's spelling of "not paged"
 
 
 def run_fields() -> tuple:
@@ -162,11 +163,15 @@ def make_workload(where: str, w: dict) -> Workload:
         nq, nk = w["seq_len_q"], w["seq_len_kv"]
     else:
         raise HbmsimError(f"{where} [workload]: missing field 'seq_len' (or both 'seq_len_q' and 'seq_len_kv')")
+    # kv_page_size = "contiguous" is the same as leaving it out (TOML has no null): what lets a
+    # [sweep] compare a contiguous and a paged KV cache, kv_page_size = ["contiguous", 256]
+    page = w.get("kv_page_size")
+    page = None if page == CONTIGUOUS else page
     try:
         return Workload(batch=w["batch"], heads=w["heads"], seq_len_q=nq, seq_len_kv=nk, head_dim=w["head_dim"],
                         dtype=w.get("dtype", "fp16"), causal=w.get("causal", False),
                         key_padding_mask=w.get("key_padding_mask", False), dropout=w.get("dropout", 0.0),
-                        scale=w.get("scale"))
+                        scale=w.get("scale"), kv_heads=w.get("kv_heads"), kv_page_size=page)
     except HbmsimError as err:
         raise HbmsimError(f"{where}: {err}") from None
 

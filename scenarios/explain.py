@@ -186,7 +186,7 @@ def _heading(template: str | None, values: dict) -> str:
     if template is None:
         return ""
     spans = {k: f"{v[0]}..{v[1] - 1}" if isinstance(v, tuple) else v for k, v in values.items()
-             if k in ("g", "row", "rows", "cols")}
+             if k in ("g", "row", "rows", "cols", "split")}
     return template.format(**spans)
 
 
@@ -334,4 +334,66 @@ def explain(ex: Example, gpu) -> str:
                 for n in ("dQ", "dK", "dV"))
     lines.append(f"  dQ, dK, dV against the float64 reference: max |difference| {worst:.1e}")
     lines += [""] + softmax_part(ex, gpu, softmax_in)
+    return "\n".join(lines)
+
+
+# `hbmsim explain --decode`: one query row against 8 keys, head dim 4, scale 1, K/V blocks of 2
+# split in 2 (FA2's split-KV, algorithms/flash2_splitkv.py): the worked example's first query row
+# and its 4 keys, then 4 keys it scores lower (so the two splits weigh differently); V = 1..32.
+DECODE_Q = [DEFAULT_Q[0]]
+DECODE_K = DEFAULT_K + [[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]
+DECODE_V = [[4 * i + j + 1 for j in range(4)] for i in range(8)]
+
+
+def decode_example(**options) -> Example:
+    q, k, v = (np.array(a, dtype=float) for a in (DECODE_Q, DECODE_K, DECODE_V))
+    options.setdefault("source", "the decode example (1 query row, 8 keys)")
+    return Example(q, k, v, np.ones_like(q), **options)
+
+
+def decode_part(ex: Example, gpu, num_splits: int = 2) -> tuple[list, dict]:
+    """A decode step through FA2's split-KV kernel and its combine: each split's tiles (S, the
+    running m, l and O), its fp32 partial O and log-sum-exp, then the combine's weights and O."""
+    from hbmsim.algorithms.flash2_splitkv import NOTES as SPLIT_NOTES
+    from hbmsim.algorithms.flash2_splitkv import flash2_splitkv_forward, split_blocks
+    wl, data = ex.workload(), ex.data()
+    notes = Notes()
+    result = simulate(gpu, flash2_splitkv_forward(wl, ex.block_q, ex.block_kv, num_splits, data),
+                      trace=notes.trace, listener=notes.note)
+    out = [f"Decode step: split-KV (Flash-Decoding, FA2's flash_fwd_splitkv_kernel + combine): {wl.seq_len_q} query "
+           f"row(s) x {wl.seq_len_kv} keys in {num_splits} splits, query blocks of {ex.block_q}, K/V blocks of "
+           f"{ex.block_kv}", ""]
+    tm = -(-wl.seq_len_q // ex.block_q)
+    for block in range(num_splits * tm):
+        s, i = divmod(block, tm)
+        r1 = min(wl.seq_len_q, (i + 1) * ex.block_q)
+        lo, hi = split_blocks(wl, r1, s, num_splits, ex.block_kv)
+        span = (f"keys {lo * ex.block_kv}..{min(wl.seq_len_kv, hi * ex.block_kv) - 1}" if lo < hi
+                else "no keys: writes O_s = 0, lse_s = -inf")
+        out.append(f"  split {s}, query rows {i * ex.block_q}..{r1 - 1} (thread block {block}): {span}")
+        out += [f"    t = {t * 1e9:8.3f} ns  load {what}" for t, _, k, b, what in notes.loads
+                if k == "flash2_fwd_splitkv" and b == block]
+        for _, kernel, b, what, values in notes.notes:
+            if kernel == "flash2_fwd_splitkv" and b == block and what in SPLIT_NOTES:
+                out += render(SPLIT_NOTES[what], values, "    ")
+    if num_splits > 1:
+        out.append("  combine kernel (reads every split's lse_s and O_s, writes O and lse):")
+        for _, kernel, b, what, values in notes.notes:
+            if what == "combine":
+                out += render(SPLIT_NOTES[what], values, "    ")
+    out += ["", "  Global-memory bytes each kernel moved (L2 side, counters of this run):"] + _bytes_by_kernel(result)
+    return out, {"result": result, "notes": notes}
+
+
+def explain_decode(ex: Example, gpu, num_splits: int = 2) -> str:
+    """`hbmsim explain --decode`: the decode walkthrough, O checked against the float64 reference."""
+    wl, data = ex.workload(), ex.data()
+    o_ref, _ = attention_forward(wl, data)
+    lines = [f"Decode attention on {ex.source}: N_q = {wl.seq_len_q}, N_kv = {wl.seq_len_kv}, head dim "
+             f"{wl.head_dim}, scale {ex.scale:g}{', causal' if ex.causal else ''}, stored as {ex.dtype}, on {gpu.name}",
+             "(values from the simulated programs; times predicted by hbmsim)", ""]
+    part, run = decode_part(ex, gpu, num_splits)
+    o = run["result"].outputs["O"].reshape(wl.seq_len_q, wl.head_dim)
+    lines += part + [_matrix("O", o), f"  O against the float64 reference: max |difference| "
+                     f"{np.max(np.abs(o - o_ref.reshape(o.shape))):.1e}"]
     return "\n".join(lines)

@@ -182,7 +182,8 @@ def cmd_microbench(args) -> int:
     ok, why = gpu_available()
     if not ok:
         raise HbmsimError(f"microbench: no GPU to measure on ({why}); nothing was measured or written")
-    return main(["--out", args.out, "--repeats", str(args.repeats)])
+    host = ["--host"] if getattr(args, "host", False) else []
+    return main(["--out", args.out, "--repeats", str(args.repeats), *host])
 
 
 def cmd_profile_library(args) -> int:

@@ -76,9 +76,11 @@ def _key(r: dict) -> tuple:
 
 
 def _masks(w: dict) -> str:
-    """The workload's masks in a few characters: causal, key padding, dropout p."""
+    """The workload's masks in a few characters: causal, key padding, dropout p; and a paged KV
+    cache's page size (paged256), which is not a mask but tells two rows apart."""
     parts = (["causal"] if w.get("causal") else []) + (["pad"] if w.get("key_padding_mask") else []) + \
-        ([f"drop{w['dropout']:g}"] if w.get("dropout") else [])
+        ([f"drop{w['dropout']:g}"] if w.get("dropout") else []) + \
+        ([f"paged{w['kv_page_size']}"] if w.get("kv_page_size") else [])
     return "+".join(parts) or "-"
 
 
@@ -146,46 +148,232 @@ def ratios(results: list[dict]) -> str:
 
 
 def plot_vs_seq_len(results: list[dict], path: str | Path, title: str) -> Path:
-    """Log-log HBM traffic, HBM footprint and predicted time against sequence length."""
+    """The figure of plot_sweep with its x-axis found from the results (N when N varies)."""
+    return plot_sweep(results, path, title)
+
+
+# Sweep keys that name a result's coordinate under another name, and how the x-axis says them.
+_X_LABELS = {"seq_len": "sequence length N (tokens)", "seq_len_q": "query length N_q (tokens)",
+             "seq_len_kv": "key/value length N_kv (tokens)"}
+_X_NAMES = {"seq_len": "N", "seq_len_q": "N_q", "seq_len_kv": "N_kv"}
+
+
+def _coord(r: dict, key: str):
+    """A result's value of a sweep key (a workload, mapping or hardware field, the algorithm or
+    the pass), or None where it has none (e.g. block_kv of a program without one)."""
+    w = r["workload"]
+    if key == "seq_len":
+        return w["seq_len_q"] if w["seq_len_q"] == w["seq_len_kv"] else None
+    if key in w:
+        return w[key]
+    if key == "algorithm":
+        return r["algorithm"]
+    if key == "passes":
+        return r["pass"]
+    if key == "hardware":
+        return r.get("hardware")
+    if key in r.get("hardware_sweep", {}):
+        return r["hardware_sweep"][key]
+    spec = _spec(r)
+    return r.get(key) if spec is not None and key in spec.mapping_fields else None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _candidate_keys(results: list[dict]) -> list[str]:
+    """Every coordinate a result has: N first, then the workload's, the mapping's and the hardware's."""
+    keys = ["seq_len", "seq_len_q", "seq_len_kv"]
+    for r in results:
+        keys += [k for k in r["workload"] if k not in keys]
+        spec = _spec(r)
+        keys += [k for k in (spec.mapping_fields if spec else ()) if k not in keys]
+        keys += [k for k in r.get("hardware_sweep", {}) if k not in keys]
+    return keys + ["hardware"]
+
+
+def _varies(results: list[dict], key: str) -> bool:
+    values = {repr(_coord(r, key)) for r in results if _coord(r, key) is not None}
+    return len(values) > 1
+
+
+def x_field(results: list[dict], swept=()) -> str:
+    """The field a figure's x-axis shows: of the swept fields (an experiment's [sweep] keys, in
+    order; all of the results' coordinates when none are given), N when N varies, else the first
+    numeric one that varies, else the first that varies at all (drawn as categories), else N."""
+    keys = [k for k in (swept or _candidate_keys(results)) if k not in ("algorithm", "passes")]
+    keys.sort(key=lambda k: k not in _X_LABELS)           # N first, else the given order
+    varying = [k for k in keys if _varies(results, k)]
+    numeric = [k for k in varying if all(_is_number(_coord(r, k)) for r in results if _coord(r, k) is not None)]
+    if numeric:
+        return numeric[0]
+    if varying:
+        return varying[0]
+    return "seq_len" if all(_coord(r, "seq_len") is not None for r in results) else "seq_len_q"
+
+
+def _block_text(r: dict, spec, skip: set) -> str:
+    """The run's blocks or tiles that apply to its pass, less the fields in `skip`: "block 128x64",
+    "tile 128x128x32", or "block_q=128" when only some are left."""
+    if spec is None:
+        return ""
+    fields = [f for f in spec.mapping_fields if f.startswith(("block_", "tile_")) and f in r]
+    bwd = [f for f in fields if f.endswith("_bwd")]
+    if r["pass"] == "forward" or not bwd:
+        fields = [f for f in fields if not f.endswith("_bwd")]
+    elif r["pass"] == "backward":
+        fields = bwd
+    kept = [f for f in fields if f not in skip and f.removesuffix("_bwd") not in skip]
+    if not kept:
+        return ""
+    if kept == fields:
+        kind = "tile" if kept[0].startswith("tile_") else "block"
+        text = f"{kind} {'x'.join(str(r[f]) for f in kept)}"
+        return text + (" (bwd)" if r["pass"] == "backward" and bwd else "")
+    return " ".join(f"{f}={r[f]}" for f in kept)
+
+
+def _series(results: list[dict], x: str) -> dict:
+    """{label: results} of the lines to draw: one per program and pass, split further by every
+    field that differs between results at the same x (two runs that differ only in block size
+    are two lines), each label naming the program, the pass, the variant and the blocks."""
+    keys = [k for k in _candidate_keys(results) if k != x and not (x in _X_LABELS and k in _X_LABELS)]
+    at_x = defaultdict(list)
+    for r in results:
+        at_x[(r["algorithm"], r["pass"], repr(_coord(r, x)))].append(r)
+    split = defaultdict(list)          # per program and pass: the fields that tell its results apart at one x
+    for (alg, p, _), group in at_x.items():
+        split[(alg, p)] += [k for k in keys if k not in split[(alg, p)] and _varies(group, k)]
+    groups = defaultdict(list)
+    for r in results:
+        own = split[(r["algorithm"], r["pass"])]
+        groups[(r["algorithm"], r["pass"]) + tuple((k, repr(_coord(r, k))) for k in own)].append(r)
+    out = {}
+    for rs in groups.values():
+        r, spec = rs[0], _spec(rs[0])
+        parts = [r["algorithm"]] + ([r["pass"]] if r["pass"] != "forward" else [])
+        if spec is not None and spec.variants and "variant" != x:
+            parts.append(str(r.get("variant", spec.variants[0])))
+        constant = {k for k in (spec.mapping_fields if spec else ()) if k != x and not _varies(rs, k)}
+        skip = {k for k in (spec.mapping_fields if spec else ()) if k not in constant} | {x}
+        block = _block_text(r, spec, skip)
+        parts += [block] if block else []
+        mapping = spec.mapping_fields if spec else ()
+        parts += [f"{k}={_coord(r, k)}" for k in split[(r["algorithm"], r["pass"])]
+                  if k not in mapping and _coord(r, k) is not None]
+        label = " ".join(parts)
+        while label in out:
+            label += "'"
+        out[label] = rs
+    return out
+
+
+def _log_axis(axis, values: list[float], fmt) -> None:
+    """A log axis over `values` with labelled ticks however few decades it spans: 1-2-5 steps,
+    or, within a factor of a few, evenly spaced ones; each label written by `fmt`."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    if not vals:
+        return
+    lo, hi = min(vals), max(vals)
+    if hi == lo:
+        lo, hi = lo / 1.5, hi * 1.5
+    pad = (hi / lo) ** 0.05
+    lo_lim, hi_lim = lo / pad, hi * pad
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo_lim)), math.ceil(math.log10(hi_lim)) + 1)
+             for m in (1, 2, 5) if lo_lim <= m * 10.0 ** e <= hi_lim]
+    if len(ticks) > 8:
+        ticks = [t for t in ticks if f"{t:.0e}".startswith("1")] or ticks
+        step = math.ceil(len(ticks) / 8)
+        ticks = ticks[::step]
+    if len(ticks) < 3:
+        ticks = [t for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo_lim, hi_lim)
+                 if lo_lim <= t <= hi_lim and t > 0]
+    if len(ticks) < 2:
+        ticks = [lo, hi]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+    getattr(axis.axes, f"set_{axis.axis_name}lim")(lo_lim, hi_lim)
+
+
+def plot_sweep(results: list[dict], path: str | Path, title: str, swept=()) -> Path:
+    """HBM traffic (DRAM and L2-side), peak HBM footprint and predicted time against the swept
+    field (`x_field`: N when N is swept, else e.g. block_kv), one line per program, pass, variant
+    and block (`_series`), each panel's ticks labelled. A result without the swept field (standard
+    attention in a block sweep) is a flat dashed line: the same at every x."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullLocator
+
     plt = pyplot()
     path = Path(path)
     if not path.suffix:
         path = path.with_suffix(".png")
-    series = defaultdict(list)
-    for r in results:
-        series[r["algorithm"] if r["pass"] == "forward" else f"{r['algorithm']} {r['pass']}"].append(r)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    colours = ("tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+    x = x_field(results, swept)
+    xs = list({_coord(r, x): None for r in results if _coord(r, x) is not None})
+    numeric = bool(xs) and all(_is_number(v) for v in xs)
+    xs.sort(key=lambda v: v if numeric else str(v))
+    pos = (lambda v: v) if numeric else (lambda v: xs.index(v))
+    series = _series(results, x)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+    colours = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+               "tab:olive", "tab:cyan")
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
-    styles = {a.name: (colours[i % len(colours)], markers[i % len(markers)])
-              for i, a in enumerate(registry.algorithms())}
-    for alg, rs in sorted(series.items()):
-        rs.sort(key=lambda r: r["workload"]["seq_len_q"])
-        n = [r["workload"]["seq_len_q"] for r in rs]
-        color, marker = styles.get(alg, ("k", "x"))
-        axes[0].loglog(n, [r["hbm_read_bytes"] + r["hbm_write_bytes"] for r in rs], marker=marker, color=color,
-                       label=f"{alg}: HBM (DRAM) bytes")
-        axes[0].loglog(n, [r["global_read_bytes"] + r["global_write_bytes"] for r in rs], ls="--", marker=marker,
-                       color=color, alpha=0.5, label=f"{alg}: L2-side bytes (requested)")
-        axes[1].loglog(n, [r["hbm_peak_bytes"] for r in rs], marker=marker, color=color, label=alg)
-        axes[2].loglog(n, [r["time_s"] * 1e3 for r in rs], marker=marker, color=color, label=alg)
-    all_n = sorted({r["workload"]["seq_len_q"] for r in results})
-    if len(all_n) >= 2:   # growth-law guides through the first standard point
-        ref = next((r for r in results if r["workload"]["seq_len_q"] == all_n[0] and _spec(r) is not None
-                    and _spec(r).nn_arrays[0]), None)
+    programs = [a.name for a in registry.algorithms()]
+    panels = ((lambda r: r["hbm_read_bytes"] + r["hbm_write_bytes"]), (lambda r: r["hbm_peak_bytes"]),
+              (lambda r: r["time_s"]))
+    lo_x, hi_x = (pos(xs[0]), pos(xs[-1])) if xs else (0, 1)
+    ys: list[list[float]] = [[], [], []]
+    for i, (label, rs) in enumerate(series.items()):
+        color = colours[i % len(colours)]
+        alg = rs[0]["algorithm"]
+        marker = markers[(programs.index(alg) if alg in programs else len(programs) + i) % len(markers)]
+        placed = sorted((r for r in rs if _coord(r, x) is not None), key=lambda r: xs.index(_coord(r, x)))
+        flat = [r for r in rs if _coord(r, x) is None]
+        for k, value in enumerate(panels):
+            lines = [(value, {}, label)] + ([((lambda r: r["global_read_bytes"] + r["global_write_bytes"]),
+                                              {"ls": "--", "alpha": 0.5}, None)] if k == 0 else [])
+            for get, style, lab in lines:
+                if placed:
+                    yv = [get(r) for r in placed]
+                    axes[k].plot([pos(_coord(r, x)) for r in placed], yv, marker=marker, color=color, label=lab,
+                                 **style)
+                    ys[k] += yv
+                for r in flat[:1]:              # the same at every x: a flat line across the axis
+                    flat_label = f"{lab} (no {x}: flat)" if lab and not placed else None
+                    axes[k].plot([lo_x, hi_x], [get(r)] * 2, color=color, ls=style.get("ls", "-."),
+                                 alpha=style.get("alpha", 1.0), label=flat_label)
+                    ys[k].append(get(r))
+    if x in _X_LABELS and numeric and len(xs) >= 2:   # growth-law guides through the first baseline point
+        ref = next((r for r in results if _coord(r, x) == xs[0] and _spec(r) is not None and _spec(r).nn_arrays[0]),
+                   None)
         if ref is not None:
             y0 = ref["hbm_read_bytes"] + ref["hbm_write_bytes"]
-            axes[0].loglog(all_n, [y0 * (x / all_n[0]) ** 2 for x in all_n], color="gray", ls=":", label="~ N^2 guide")
-            axes[0].loglog(all_n, [y0 * (x / all_n[0]) for x in all_n], color="gray", ls="-.", label="~ N guide")
-    axes[0].set(xlabel="sequence length N (tokens)", ylabel="HBM traffic, read + write (bytes)",
-                title="HBM traffic vs N")
-    axes[1].set(xlabel="sequence length N (tokens)", ylabel="peak HBM footprint (bytes)",
-                title="HBM footprint vs N (inputs + intermediates + outputs)")
-    axes[2].set(xlabel="sequence length N (tokens)", ylabel="predicted time (ms)", title="Predicted runtime vs N")
-    for ax in axes:
-        ax.set_xticks(all_n, [str(x) for x in all_n])
-        ax.minorticks_off()
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
+            axes[0].plot(xs, [y0 * (v / xs[0]) ** 2 for v in xs], color="gray", ls=":", label="~ N^2 guide")
+            axes[0].plot(xs, [y0 * (v / xs[0]) for v in xs], color="gray", ls="-.", label="~ N guide")
+            ys[0] += [y0 * (v / xs[0]) ** 2 for v in xs] + [y0 * (v / xs[0]) for v in xs]
+    xname, short = _X_LABELS.get(x, x), _X_NAMES.get(x, x)
+    axes[0].set(xlabel=xname, ylabel="HBM traffic, read + write", title=f"HBM traffic vs {short}")
+    axes[1].set(xlabel=xname, ylabel="peak HBM footprint", title=f"HBM footprint vs {short} (inputs + intermediates "
+                "+ outputs)")
+    axes[2].set(xlabel=xname, ylabel="predicted time", title=f"Predicted runtime vs {short}")
+    for k, ax in enumerate(axes):
+        if numeric and xs and min(xs) > 0 and max(xs) / min(xs) >= 4:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks([pos(v) for v in xs], [str(v) for v in xs])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis, ys[k], fmt_time if k == 2 else fmt_bytes)
+        ax.grid(True, which="major", alpha=0.3)
+    style = [Line2D([], [], color="k", label="solid: DRAM (HBM) bytes"),
+             Line2D([], [], color="k", ls="--", alpha=0.5, label="dashed: L2-side bytes (requested)")]
+    handles, labels = axes[0].get_legend_handles_labels()
+    guides = [(h, la) for h, la in zip(handles, labels) if "guide" in la]
+    axes[0].legend(handles=style + [h for h, _ in guides], fontsize=8)
+    axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), title="series", title_fontsize=8)
+    fig.suptitle(title + " (predicted by hbmsim, not measured)" if "predicted" not in title else title)
     return save_figure(fig, path)

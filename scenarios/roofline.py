@@ -5,7 +5,9 @@ Roofs (from the hardware preset and the time model): the tensor-core peak (and w
 reaches, where the preset says), the FP32 peak, the exp rate of the special-function units, and
 the DRAM slope at the spec sheet's and at the STREAM bandwidth. A kernel on the slope is
 memory-bound (standard attention's elementwise kernels); one near a flat roof is compute-bound
-(flash attention). All kernel points are predicted by hbmsim.
+(flash attention). Decode kernels (a few query rows against a longer KV cache: phase_of) are
+drawn as triangles beside prefill's circles: at about heads / kv_heads FLOPs per K/V element they
+sit on the DRAM slope. All kernel points are predicted by hbmsim.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class KernelPoint:
     flops: int                 # matmul + vector operations
     dram_bytes: int
     time_s: float
+    phase: str = "prefill"     # "decode": a few query rows (<= DECODE_MAX_Q) against a longer KV cache
 
     @property
     def intensity(self) -> float:
@@ -34,6 +37,15 @@ class KernelPoint:
         return self.flops / self.time_s if self.time_s > 0 else 0.0
 
 
+DECODE_MAX_Q = 16        # issue 25: decode is 1-16 query rows per sequence against a long KV cache
+
+
+def phase_of(workload: dict) -> str:
+    """"decode" for a few query rows against a longer KV cache, else "prefill"."""
+    nq, nk = workload.get("seq_len_q"), workload.get("seq_len_kv")
+    return "decode" if nq is not None and nk is not None and nq <= DECODE_MAX_Q and nq < nk else "prefill"
+
+
 def kernel_points(results: list[dict]) -> list[KernelPoint]:
     """One point per kernel of each result (the per-pass results; the forward+backward total is
     skipped, its kernels being those of its passes). Kernels with no FLOPs (copies, write-backs)
@@ -42,12 +54,16 @@ def kernel_points(results: list[dict]) -> list[KernelPoint]:
     for r in results:
         if r["pass"] == "forward+backward":
             continue
-        n = r["workload"].get("seq_len_q")
+        w = r["workload"]
+        n, phase = w.get("seq_len_q"), phase_of(w)
+        if phase == "decode":
+            n = f"{n}x{w.get('seq_len_kv')}"
         for k in r["kernels"]:
             flops = k["matmul_flops"] + k["vector_flops"]
             dram = k["hbm_read_bytes"] + k["hbm_write_bytes"]
             if flops > 0 and k["time_s"] > 0:
-                out.append(KernelPoint(f"{r['algorithm']} {r['pass']} {k['name']} (N={n})", flops, dram, k["time_s"]))
+                out.append(KernelPoint(f"{r['algorithm']} {r['pass']} {k['name']} (N={n})", flops, dram, k["time_s"],
+                                       phase))
     return out
 
 
@@ -81,12 +97,13 @@ def plot(results: list[dict], gpu: GPU, path: str | Path, title: str) -> Path:
                 label=f"{name}: {bw / 1e12:.3g} TB/s x intensity")
     colours = {}
     palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+    markers = {"prefill": "o", "decode": "^"}     # decode points alongside prefill, told apart by shape
     for p in pts:
-        kernel = p.label.split(" (N=")[0]
+        kernel = p.label.split(" (N=")[0] + f" ({p.phase})"
         if kernel not in colours:
             colours[kernel] = palette[len(colours) % len(palette)]
-            ax.scatter([], [], color=colours[kernel], label=kernel, s=25)
-        ax.scatter(p.intensity, p.flops_per_s, color=colours[kernel], s=25, alpha=0.8)
+            ax.scatter([], [], color=colours[kernel], marker=markers[p.phase], label=kernel, s=25)
+        ax.scatter(p.intensity, p.flops_per_s, color=colours[kernel], marker=markers[p.phase], s=25, alpha=0.6)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(min([p.flops_per_s for p in pts] + [top]) / 10, top * 3),
            xlabel="arithmetic intensity (FLOPs per DRAM byte)",
            ylabel="achieved FLOP/s (matmul + vector operations)")

@@ -53,7 +53,8 @@ def prepare(exp: Experiment, progress: Callable | None = None) -> Experiment:
         wl = cfg.workload
         # Q, K, V and O alone (every program keeps them in HBM): checked before building a
         # program whose tile lists could be as long as the sequence.
-        qkvo_bytes = wl.groups * (2 * wl.seq_len_q + 2 * wl.seq_len_kv) * wl.head_dim * wl.itemsize
+        # (K and V: one per K/V head, kv_heads of them, under grouped-query attention)
+        qkvo_bytes = (wl.groups * 2 * wl.seq_len_q + wl.kv_groups * 2 * wl.seq_len_kv) * wl.head_dim * wl.itemsize
         if qkvo_bytes > cfg.gpu.hbm_capacity_bytes:
             raise HbmsimError(f"{cfg.where}: Q, K, V and O alone need {qkvo_bytes} bytes of HBM, more than "
                               f"hbm_capacity_bytes = {cfg.gpu.hbm_capacity_bytes} on {cfg.gpu.name}")

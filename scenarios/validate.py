@@ -14,12 +14,14 @@ Nothing here is fitted: the numbers say how far the model is off, never what a c
 Each distinct configuration is simulated once (a measured file's "backward" and
 "forward+backward" runs of one workload are one training simulation), in fast mode unless
 `full` (simulator/fold.py; within 1% of the full simulation where both were compared), on
-`workers` local processes when asked (scenarios/sweep.py's Dask path). With `ablation`, every
+`workers` local processes (scenarios/sweep.py's Dask path; by default every core once there are
+AUTO_WORKERS_FROM configurations or more, `workers=1` to stay in this process). With `ablation`, every
 configuration is also simulated with each effect of the time model switched off in turn.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ from .runner import prepare
 from .sweep import config_key, run_sweep
 
 LONG_N = 1024          # the targets are stated for N >= 1024 as well as for every N
+AUTO_WORKERS_FROM = 16 # distinct configurations from which validate runs on every core unless told
 
 
 @dataclass(frozen=True)
@@ -183,13 +186,15 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
         nonlocal finished
         done[label][i] = rs
         finished += 1
+        if not ablation and label == "":      # kept before anything is said of it
+            points.extend(point_of(j, exp.configs[i], rs) for j in jobs if j.config == i)
         if progress:
             progress(finished, n)
-        if not ablation and label == "":
-            points.extend(point_of(j, exp.configs[i], rs) for j in jobs if j.config == i)
 
+    if workers is None and len(exp.configs) >= AUTO_WORKERS_FROM:
+        workers = os.cpu_count() or 1          # a long validation uses every core by default
     for label, m in models.items():
-        run_sweep(exp, count_only=True, model=m, workers=workers, fast=not full,
+        run_sweep(exp, count_only=True, model=m, workers=workers if workers and workers > 1 else None, fast=not full,
                   on_config=lambda i, rs, label=label: arrived(label, i, rs))
 
     def pass_time(label: str, j: Job) -> float:

@@ -93,3 +93,48 @@ def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST) -> Pa
     kernel_s = sum(s.device_s for s in steps)
     busy = h
     return PassTimes(kernel_s, max(end, h), busy, tuple(starts), tuple(issues))
+
+
+def host_from_measured(path, defaults: HostSpec | None = None) -> HostSpec:
+    """A HostSpec from a measured file's "host_spec" (`hbmsim microbench`, kernels/host_microbench.py).
+    Each field must be there (or, with `defaults`, is taken from it), a finite number >= 0, and
+    queue_launches a whole number >= 1; else an HbmsimError of one line naming file, field, value, limit."""
+    import json
+    import math
+    from pathlib import Path
+    from .errors import HbmsimError
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as err:
+        raise HbmsimError(f"host: {str(p)!r}: cannot read a JSON file ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    if not isinstance(doc, dict) or doc.get("source") != "measured":
+        got = doc.get("source") if isinstance(doc, dict) else None
+        raise HbmsimError(f"host: {str(p)!r}: field 'source' = {got!r} must be 'measured'")
+    spec = doc.get("host_spec")
+    if not isinstance(spec, dict):
+        raise HbmsimError(f"host: {str(p)!r}: no 'host_spec' table (write one with `hbmsim microbench --host` "
+                          "on a GPU)")
+    values = {}
+    for name in HostSpec.__dataclass_fields__:
+        where = f"host: {str(p)!r}: field 'host_spec.{name}'"
+        if name not in spec or spec[name] is None:
+            if defaults is None:
+                raise HbmsimError(f"{where} is missing (not measured: see the file's results for why)")
+            values[name] = getattr(defaults, name)
+            continue
+        v = spec[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise HbmsimError(f"{where} = {v!r} must be a number")
+        if not math.isfinite(v):
+            raise HbmsimError(f"{where} = {v!r} must be a finite number")
+        if name == "queue_launches":
+            if v != int(v) or v < 1:
+                raise HbmsimError(f"{where} = {v!r} must be a whole number >= 1")
+            v = int(v)
+        elif v < 0:
+            raise HbmsimError(f"{where} = {v!r} must be >= 0 (seconds)")
+        values[name] = v
+    return HostSpec(**values)

@@ -53,3 +53,22 @@ def seed_case(dtype="fp32"):
     """(workload, forward data without dO) of the worked example, fresh arrays each call."""
     ex = default_example(dtype=dtype)
     return ex.workload(), AttentionData(ex.q[None, None], ex.k[None, None], ex.v[None, None])
+
+
+def grouped(workloads):
+    """A hypothesis strategy of workloads with kv_heads drawn from the divisors of heads (heads:
+    multi-head, 1: multi-query, between: grouped-query), from a strategy of workloads."""
+    import dataclasses
+
+    from hypothesis import strategies as st
+
+    return workloads.flatmap(lambda wl: st.sampled_from([k for k in range(1, wl.heads + 1) if wl.heads % k == 0])
+                             .map(lambda k: dataclasses.replace(wl, kv_heads=k)))
+
+
+def grouped_fields(fields):
+    """As grouped, for a strategy of Workload keyword dicts: adds a "kv_heads" dividing "heads"."""
+    from hypothesis import strategies as st
+
+    return fields.flatmap(lambda f: st.sampled_from([k for k in range(1, f["heads"] + 1) if f["heads"] % k == 0])
+                          .map(lambda k: {**f, "kv_heads": k}))

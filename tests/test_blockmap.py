@@ -8,6 +8,7 @@ from hbmsim.algorithms import io_formulas as F
 from hbmsim.algorithms.workload import Workload
 from hbmsim.scenarios import blockmap
 from hbmsim.scenarios.cli import main
+from hbmsim.simulator import HbmsimError
 
 
 def test_cells_equal_the_closed_forms_and_misfits_are_marked(a100):
@@ -40,3 +41,65 @@ def test_bad_sizes_are_one_line(sizes, capsys):
     assert main(["blockmap", "--sizes", sizes, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--sizes" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--algorithm", "flash9"], "blockmap: --algorithm = 'flash9' must be one of flash1, flash2"),
+    (["--algorithm", "standard"], "blockmap: --algorithm = 'standard' has no block_q x block_kv to map"),
+    (["--heads", "2000", "--seq-len", "65536"],
+     "--heads 2000 --seq-len 65536 --head-dim 64 --dtype fp16: Q, K, V and O alone need 67,108,864,000 bytes of HBM, "
+     "more than hbm_capacity_bytes = 40,000,000,000"),
+    (["--head-dim", "2048", "--dtype", "fp32", "--seq-len", "256", "--sizes", "32,16"],
+     "no cell of --sizes 32,16 fits, the smallest neither: block_q = 16, block_kv = 16: kernel flash2_fwd: a block "
+     "needs 393216 bytes of SRAM, more than sram_bytes_per_sm = 166912"),
+    (["--seq-len", "262144", "--full"], "h of simulation on this machine (more than 60 min): pass --yes to start"),
+])
+def test_refused_before_any_simulation_in_one_line(argv, said, capsys, monkeypatch):
+    monkeypatch.setattr(blockmap, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    assert main(["blockmap", *argv]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and said in cap.err and len(cap.err.strip().splitlines()) == 1, cap.err
+
+
+def test_library_refuses_a_program_without_blocks(a100):
+    with pytest.raises(HbmsimError, match="'standard' has no block_q x block_kv"):
+        blockmap.block_map(a100, Workload(1, 1, 128, 128, 64), "standard", (64,))
+
+
+def test_fast_by_default_full_on_request_and_quiet_off_a_terminal(tmp_path, capsys, monkeypatch):
+    """Fast mode is the default (as in `hbmsim run`), --full simulates whole; a long map says its
+    estimate first; progress never reaches a pipe; the JSON says which mode ran."""
+    seen = []
+    real = blockmap.run_config
+    monkeypatch.setattr(blockmap, "run_config", lambda cfg, **kw: seen.append(kw["fast"]) or real(cfg, **kw))
+    monkeypatch.setattr(blockmap, "estimated_wall_s", lambda cfg, fast=False: 3.0)     # over 2 s: said
+    out = tmp_path / "m.json"
+    argv = ["blockmap", "--seq-len", "256", "--heads", "2", "--sizes", "64", "--json", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "blockmap: 1 cell(s) to simulate, roughly at most 3 s" in err and "%|" not in err
+    assert seen == [True] and json.loads(out.read_text())["fast"] is True
+    assert main(argv + ["--full", "--quiet"]) == 0
+    assert capsys.readouterr().err == "" and seen == [True, False] and json.loads(out.read_text())["fast"] is False
+
+
+def test_fast_mode_folds_a_long_map_and_says_so(a100):
+    """N = 65536: fast mode simulates a few % of the blocks; L2-side bytes stay exact."""
+    wl = Workload(1, 16, 65536, 65536, 64)
+    cells = blockmap.block_map(a100, wl, "flash2", (128,))
+    c = cells[0]
+    assert 0 < c.simulated_fraction < 0.5
+    io = F.flash2_forward_io(wl, 128, 128)
+    assert c.l2_side_bytes == sum(r + w for r, w in io.values())
+    assert "fast mode: 1 of 1 cells simulated" in blockmap.fast_note(cells)
+
+
+def test_a_map_estimated_over_an_hour_needs_yes(capsys, monkeypatch):
+    """In fast mode the estimate is an upper bound (folding is decided while simulating): said so."""
+    monkeypatch.setattr(blockmap, "estimated_wall_s", lambda cfg, fast=False: 200.0)
+    monkeypatch.setattr(blockmap, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    assert main(["blockmap", "--seq-len", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert "25 cell(s) that fit, estimated at most 83 min of simulation on this machine (more than 60 min; fast " \
+           "mode folds steady launches, often to far less): pass --yes to start" in err
+    assert len(err.strip().splitlines()) == 1

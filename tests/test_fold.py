@@ -221,7 +221,8 @@ def test_random_configs_in_fast_mode_finish_with_closed_form_counts(cfg, sms, ba
     closed forms."""
     gpu = cfg.gpu.with_sms(sms)
     gpu = gpu.with_overrides({"max_blocks_per_sm": 1, "l2_bytes": min(gpu.l2_bytes, 65536)}, "fuzz")
-    cfg = dataclasses.replace(cfg, gpu=gpu, workload=dataclasses.replace(cfg.workload, batch=batch, heads=heads))
+    wl = dataclasses.replace(cfg.workload, batch=batch, heads=heads, kv_heads=None)
+    cfg = dataclasses.replace(cfg, gpu=gpu, workload=wl)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(common, "COARSE_ABOVE_TILES", 2)
         mp.setattr(common, "STEPS_PER_BLOCK", 1)

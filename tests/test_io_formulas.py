@@ -9,10 +9,11 @@ from hbmsim.algorithms.blocks import auto_blocks
 from hbmsim.algorithms.flash1 import flash1_forward
 from hbmsim.algorithms.flash2 import flash2_forward
 from hbmsim.algorithms.standard import standard_forward
+from hbmsim.algorithms.standard_spec import KERNEL_LISTS
 from hbmsim.algorithms.workload import Workload
 from hbmsim.simulator import simulate
 
-from conftest import tiny_gpu
+from conftest import grouped, tiny_gpu
 
 GPU = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8)
 
@@ -21,11 +22,11 @@ def counted(prog, gpu=GPU):
     return {name: (t.read, t.write) for name, t in simulate(gpu, prog).tensors().items()}
 
 
-workloads = st.builds(
-    Workload, batch=st.integers(1, 3), heads=st.integers(1, 3), seq_len_q=st.integers(1, 300),
+workloads = grouped(st.builds(
+    Workload, batch=st.integers(1, 3), heads=st.sampled_from([1, 2, 3, 4]), seq_len_q=st.integers(1, 300),
     seq_len_kv=st.integers(1, 300), head_dim=st.sampled_from([8, 32, 64, 128]),
     dtype=st.sampled_from(["fp16", "bf16", "fp32"]), causal=st.booleans(), key_padding_mask=st.booleans(),
-    dropout=st.sampled_from([0.0, 0.1]))
+    dropout=st.sampled_from([0.0, 0.1])))
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,7 +44,8 @@ def test_flash1_counts_equal_closed_form(wl, bq, bkv):
 @settings(max_examples=30, deadline=None)
 @given(workloads, st.integers(4, 130), st.integers(4, 130), st.integers(4, 70))
 def test_standard_counts_equal_closed_form(wl, tm, tn, tk):
-    assert counted(standard_forward(wl, None, (tm, tn, tk))) == F.standard_forward_io(wl, (tm, tn, tk))
+    eager = KERNEL_LISTS["eager"]          # with kv_heads < heads: repeat_kv's copies first (gqa.py)
+    assert counted(eager.forward(wl, None, (tm, tn, tk))) == eager.forward_io(wl, (tm, tn, tk))
 
 
 def test_flash2_by_hand():
@@ -109,3 +111,16 @@ def test_hbm_footprint_standard_quadratic_flash_linear():
     assert std == [3 * n * 32 * e + 2 * n * n * e for n in (n1, n2)]
     # flash2 peak: Q, K, V, O (N d e each) + lse (4 N): linear in N
     assert fl == [4 * n * 32 * e + 4 * n for n in (n1, n2)]
+
+
+def test_grouped_query_by_hand():
+    # B = 1, 4 query heads sharing 1 K/V head (multi-query), N = 256, d = 64, fp16, 128 x 64 blocks.
+    # flash2 reads the shared head in place: each of the 4 query heads' 2 query blocks requests all
+    # of K (32768 B): 4 * 2 * 32768 = 262144 B of K and of V, as multi-head attention requests.
+    wl = Workload(1, 4, 256, 256, 64, kv_heads=1)
+    assert counted(flash2_forward(wl, 128, 64))["K"] == (262144, 0)
+    # eager standard attention first copies K and V per query head (repeat_kv): 4 * 32768 B read
+    # from K and written to K_rep; its GEMM then reads K_rep as multi-head attention reads K.
+    eager = KERNEL_LISTS["eager"]
+    io = counted(eager.forward(wl, None, (128, 128, 64)))
+    assert io["K"] == (131072, 0) and io["K_rep"] == (4 * 65536, 131072)

@@ -11,7 +11,7 @@ from hbmsim.algorithms.standard import standard_forward
 from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import HbmsimError, simulate
 
-from conftest import SEED_O, SEED_V, seed_case, tiny_gpu
+from conftest import grouped_fields, SEED_O, SEED_V, seed_case, tiny_gpu
 
 GPU = tiny_gpu(sram_bytes_per_sm=1 << 20)
 
@@ -50,12 +50,12 @@ def test_seed_reference_row0_by_hand():
     np.testing.assert_allclose(lse[0, 0, 0], np.log(w.sum()), rtol=0, atol=1e-12)
 
 
-shapes = st.fixed_dictionaries({
+shapes = grouped_fields(st.fixed_dictionaries({
     "batch": st.integers(1, 2), "heads": st.integers(1, 2), "seq_len_q": st.integers(1, 40),
     "seq_len_kv": st.integers(1, 40), "head_dim": st.sampled_from([1, 4, 8, 16]),
     "dtype": st.sampled_from(["fp16", "bf16", "fp32"]), "causal": st.booleans(),
     "key_padding_mask": st.booleans(), "dropout": st.sampled_from([0.0, 0.0, 0.25]),
-})
+}))
 
 
 @settings(max_examples=60, deadline=None)

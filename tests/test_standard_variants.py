@@ -15,7 +15,7 @@ from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data
 from hbmsim.simulator import simulate
 
-from conftest import tiny_gpu
+from conftest import grouped, tiny_gpu
 
 GPU = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8)
 STANDARD = registry.get("standard")
@@ -35,11 +35,11 @@ def closed(variant, pass_name, wl, tile):
     return {n: rw for n, rw in io.items() if rw != (0, 0)}
 
 
-workloads = st.builds(
+workloads = grouped(st.builds(
     Workload, batch=st.integers(1, 2), heads=st.sampled_from([1, 2, 4]), seq_len_q=st.integers(1, 200),
     seq_len_kv=st.integers(1, 200), head_dim=st.sampled_from([8, 32, 64]),
     dtype=st.sampled_from(["fp16", "bf16", "fp32"]), causal=st.booleans(), key_padding_mask=st.booleans(),
-    dropout=st.sampled_from([0.0, 0.1]))
+    dropout=st.sampled_from([0.0, 0.1])))
 tiles = st.tuples(st.integers(9, 130), st.integers(9, 130), st.integers(5, 70))   # small enough to clip, not tiny
 
 

@@ -157,3 +157,74 @@ def test_without_switches_an_effect_off(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(SUBSET + ["--without", "sfu"])
     assert exc.value.code == 2 and "invalid choice: 'sfu'" in capsys.readouterr().err
+
+
+def test_sigterm_keeps_the_finished_points(tmp_path):
+    """A real SIGTERM (a job scheduler's stop) once the first simulation has finished: the report
+    and the JSON of what finished are written, one line says so, exit 130, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    out_json = tmp_path / "v.json"
+    proc = subprocess.Popen([sys.executable, "-m", "hbmsim.scenarios.cli", "validate", "h100-torch-seqlens",
+                             "--workers", "1", "--json", str(out_json)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()               # stderr is not a terminal: a line per simulation
+    assert line.startswith("validate: 1/"), line
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("hbmsim: validate interrupted after")
+    doc = json.loads(out_json.read_text())
+    assert doc["complete"] is False and len(doc["points"]) >= 1
+    assert "(partial: interrupted after" in out
+
+
+def test_a_predicted_file_is_refused(tmp_path, capsys):
+    doc = json.loads(SHIPPED.read_text())
+    doc["source"] = "predicted"
+    for r in doc["runs"]:
+        r["source"] = "predicted"
+    bad = tmp_path / "pred.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'source' = 'predicted'" in err
+
+
+def test_a_run_is_simulated_with_the_mapping_it_records(tmp_path):
+    """`validate FILE` takes the block sizes a run records, not the defaults."""
+    from hbmsim.scenarios.validate import config_of
+    r = dict(json.loads(SHIPPED.read_text())["runs"][0], block_q=64, block_kv=32)
+    cfg = config_of("f.json", 0, r)
+    assert cfg.run.params == {"variant": "fa2-kernel", "block_q": 64, "block_kv": 32}
+
+
+def test_kernel_groups_by_hand():
+    from hbmsim.scenarios.kernel_rows import UNCLAIMED_MEASURED, UNCLAIMED_PREDICTED, compare_kernels
+    predicted = [{"name": "flash2_bwd_dot_do_o", "time_s": 1e-5}, {"name": "flash2_bwd", "time_s": 8e-5},
+                 {"name": "flash2_bwd_convert_dq", "time_s": 1e-5}, {"name": "l2_writeback", "time_s": 2e-6}]
+    measured = [{"name": "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", "time_s": 1e-4},
+                {"name": "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, ...>", "time_s": 2e-5},
+                {"name": "void pytorch_flash::flash_bwd_convert_dq_kernel<...>", "time_s": 1e-5},
+                {"name": "Memset (Device)", "time_s": 1e-6}]
+    assert compare_kernels("flash2", "fa2-kernel", predicted, measured) == [
+        ("dO.O (preprocess)", 1e-5, 2e-5), ("dQ dK dV", 8e-5, 1e-4), ("convert dQ", 1e-5, 1e-5),
+        (UNCLAIMED_MEASURED, 0.0, 1e-6), (UNCLAIMED_PREDICTED, 2e-6, 0.0)]
+    assert compare_kernels("flash1", "paper", predicted, measured) is None
+
+
+def test_kernel_level_is_reported_for_files_with_kernel_rows(tmp_path, capsys):
+    out_json = tmp_path / "k.json"
+    assert main(["validate", "h100-torch-fwd-bwd", "--only", "fa2 flash2 fa2-kernel h100-sxm5-80gb forward",
+                 "--max-seq-len", "512", "--quiet", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "kernel level:" in text and "fa2 h100-sxm5-80gb forward: forward" in text
+    for p in json.loads(out_json.read_text())["points"]:
+        if p["pass"] == "forward+backward":
+            assert p["measured_kernel_time_s"] is None          # the file has no rows for the sum
+            continue
+        assert p["kernel_error"] == pytest.approx(
+            (p["predicted_kernel_time_s"] - p["measured_kernel_time_s"]) / p["measured_kernel_time_s"])
+        # the stopwatch sees the kernels and the host's dispatch before them
+        assert p["predicted_time_s"] > p["predicted_kernel_time_s"]

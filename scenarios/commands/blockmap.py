@@ -1,4 +1,8 @@
-"""`hbmsim blockmap`: one workload over a grid of block_q x block_kv (scenarios/blockmap.py)."""
+"""`hbmsim blockmap`: one workload over a grid of block_q x block_kv (scenarios/blockmap.py).
+
+Everything is checked before the first simulation (the program has block sizes, the workload fits
+HBM, some cell fits SRAM, the outputs can be written); the cells run in fast mode unless --full,
+with a time estimate first when it is long and a progress bar on a terminal."""
 from __future__ import annotations
 
 import json
@@ -9,11 +13,13 @@ from hbmsim.simulator import HbmsimError
 from ..experiment import resolve_hardware
 from ..outputs import write_text_atomic
 from .common import check_plot_and_json, count
+from .run import CONFIRM_WALL_S, fmt_duration
 
 
 def add_parser(sub) -> None:
     m = sub.add_parser("blockmap", help="DRAM bytes, L2-side bytes and predicted time over block_q x block_kv")
-    m.add_argument("--algorithm", default="flash2", help="a flash program (default flash2)")
+    m.add_argument("--algorithm", default="flash2",
+                   help="a program with block_q x block_kv: flash1 or flash2 (default flash2)")
     m.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default a100-sxm4-40gb)")
     m.add_argument("--batch", type=count(1), default=1, help="batch (default 1)")
     m.add_argument("--heads", type=count(1), default=16, help="heads (default 16)")
@@ -23,9 +29,15 @@ def add_parser(sub) -> None:
     m.add_argument("--causal", action="store_true", help="causal mask")
     m.add_argument("--training", action="store_true", help="forward and backward (default: forward)")
     m.add_argument("--sizes", default="16,32,64,128,256", help="block sizes to try for both axes")
+    m.add_argument("--full", action="store_true",
+                   help="no fast mode: simulate every block and tile step of every cell (fast mode, the default: "
+                        "long inner loops run several tiles a step and steady launches are folded)")
+    m.add_argument("--yes", action="store_true",
+                   help=f"start a map estimated at over {fmt_duration(CONFIRM_WALL_S)} of simulation")
     m.add_argument("--plot", metavar="PNG", help="three heatmaps: DRAM bytes, L2-side bytes, predicted time")
     m.add_argument("--json", metavar="PATH", help="write every cell to PATH")
-    m.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    m.add_argument("--quiet", action="store_true",
+                   help="no estimate and no progress on stderr (progress is also off when stderr is not a terminal)")
     m.set_defaults(func=cmd_blockmap)
 
 
@@ -37,25 +49,53 @@ def parse_sizes(text: str) -> tuple[int, ...]:
         raise HbmsimError(f"blockmap: --sizes = {text!r} must be whole numbers separated by commas") from None
     if not sizes or min(sizes) < 1:
         raise HbmsimError(f"blockmap: --sizes = {text!r} must be whole numbers >= 1")
-    return sizes
+    return tuple(dict.fromkeys(sizes))
 
 
 def cmd_blockmap(args) -> int:
     from .. import blockmap
     from ..experiment import make_workload
+    from ..progress import RunProgress, wanted
     check_plot_and_json(args)
     sizes = parse_sizes(args.sizes)
+    blockmap.mappable(args.algorithm)
     gpu = resolve_hardware(args.hardware)
-    wl = make_workload("blockmap", {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len,
-                                    "head_dim": args.head_dim, "dtype": args.dtype, "causal": args.causal})
+    where = (f"blockmap --batch {args.batch} --heads {args.heads} --seq-len {args.seq_len} "
+             f"--head-dim {args.head_dim} --dtype {args.dtype}")
+    wl = make_workload(where, {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len,
+                               "head_dim": args.head_dim, "dtype": args.dtype, "causal": args.causal})
     passes = ("forward", "backward") if args.training else ("forward",)
-    cells = blockmap.block_map(gpu, wl, args.algorithm, sizes, passes, progress=not args.quiet)
+    planned = blockmap.plan(gpu, wl, args.algorithm, sizes, passes, where)
+    fast = not args.full
+    n = sum(not isinstance(c, blockmap.Cell) for c in planned)
+    estimate_s = blockmap.estimate_s(planned, fast)
+    bound = "at most " if fast else ""
+    folds = "; fast mode folds steady launches, often to far less" if fast else ""
+    if estimate_s > CONFIRM_WALL_S and not args.yes:
+        raise HbmsimError(f"{where}: {n} cell(s) that fit, estimated {bound}{fmt_duration(estimate_s)} of simulation "
+                          f"on this machine (more than {fmt_duration(CONFIRM_WALL_S)}{folds}): pass --yes to start, "
+                          "or give fewer or larger --sizes")
+    if estimate_s > 2 and not args.quiet:             # long work says so before it starts
+        print(f"blockmap: {n} cell(s) to simulate, roughly {bound}{fmt_duration(estimate_s)} (estimated{folds})",
+              file=sys.stderr)
+    progress = RunProgress(n, lambda cfg: blockmap.estimated_wall_s(cfg, fast=fast), enabled=wanted(args.quiet))
+    progress.outer.unit = "cell"
+    progress.outer.set_description("blockmap cells")
+    try:
+        cells = blockmap.simulate(planned, fast, progress)
+    finally:
+        progress.close()
     what = f"{args.algorithm} {'+'.join(passes)}, B={args.batch} H={args.heads} N={args.seq_len} d={args.head_dim}"
+    if args.causal:
+        what += " causal"
     print(f"{what} on {gpu.name} (predicted by hbmsim, not measured)")
     print(blockmap.table(cells))
+    note = blockmap.fast_note(cells)
+    if note:
+        print(note)
     if args.json:
         write_text_atomic(args.json, json.dumps({"source": "predicted", "hardware": gpu.name, "workload": what,
-                                                 "cells": [vars(c) for c in cells]}, indent=1) + "\n")
+                                                 "fast": fast, "cells": [vars(c) for c in cells]}, indent=1) + "\n")
     if args.plot:
         print(f"wrote {blockmap.plot(cells, args.plot, f'Block sizes: {what} on {gpu.name}')}", file=sys.stderr)
     return 0

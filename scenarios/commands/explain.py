@@ -2,6 +2,8 @@
 (scenarios/explain.py prints it)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hbmsim.simulator import HbmsimError
 
 from ..experiment import resolve_hardware
@@ -20,6 +22,10 @@ def add_parser(sub) -> None:
     x.add_argument("--scale", type=float, default=1.0, help="softmax scale (default 1)")
     x.add_argument("--causal", action="store_true", help="causal mask")
     x.add_argument("--dtype", default="fp32", choices=("fp16", "bf16", "fp32"), help="storage dtype (bytes only)")
+    x.add_argument("--decode", action="store_true",
+                   help="a decode step instead: 1 query row against 8 keys (or --random's), split over the KV "
+                   "length (FA2's split-KV kernel) and combined")
+    x.add_argument("--splits", type=count(1), default=2, help="splits of --decode (default 2, at most 128)")
     x.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default a100-sxm4-40gb)")
     x.set_defaults(func=cmd_explain)
 
@@ -30,18 +36,29 @@ def cmd_explain(args) -> int:
                 dtype=args.dtype)
     if args.inputs and args.random:
         raise HbmsimError("explain: give --inputs FILE or --random NQ NKV D, not both")
+    if args.splits > 128:
+        raise HbmsimError(f"explain: --splits {args.splits} is more than FA2's split-KV kernel allows (128)")
+    if args.splits != 2 and not args.decode:
+        raise HbmsimError("explain: --splits goes with --decode")
     if args.inputs:
         ex = X.load_example(args.inputs, **opts)
     elif args.random:
         ex = X.random_example(*args.random, args.seed, **opts)
+    elif args.decode:
+        ex = X.decode_example(**opts)
     else:
         ex = X.default_example(**opts)
     nq, nkv, d = ex.q.shape[0], ex.k.shape[0], ex.q.shape[1]
+    if args.decode and args.block_q == 2 and nq < 2:      # the default query block, cut to a decode step's row
+        ex = replace(ex, block_q=nq)
     if max(nq, nkv) > X.MAX_ROWS or d > X.MAX_HEAD_DIM:
         raise HbmsimError(f"explain: {nq} x {nkv} with head dim {d} is too big to print (at most {X.MAX_ROWS} rows "
                           f"and head dim {X.MAX_HEAD_DIM}); `hbmsim run` simulates big workloads")
-    for name, value, n in (("--block-q", args.block_q, ex.q.shape[0]), ("--block-kv", args.block_kv, ex.k.shape[0])):
+    for name, value, n in (("--block-q", ex.block_q, ex.q.shape[0]), ("--block-kv", ex.block_kv, ex.k.shape[0])):
         if value > n:
             raise HbmsimError(f"explain: {name} = {value} is longer than the sequence ({n} rows)")
+    if args.decode:
+        print(X.explain_decode(ex, resolve_hardware(args.hardware), args.splits))
+        return 0
     print(X.explain(ex, resolve_hardware(args.hardware)))
     return 0

@@ -47,7 +47,10 @@ def add_profile_library(sub) -> None:
 
 
 def add_microbench(sub) -> None:
-    mb = sub.add_parser("microbench", help="measure mma.sync, exp2 (SFU) and DRAM rates on this GPU")
+    mb = sub.add_parser("microbench", help="measure mma.sync, exp2 (SFU) and DRAM rates, and the host's launch "
+                        "and dispatch times, on this GPU")
     mb.add_argument("--out", default="microbench.json", help="file to write (default: microbench.json)")
     mb.add_argument("--repeats", type=count(1), default=10, help="timed launches; the median is kept (default 10)")
+    mb.add_argument("--host", action="store_true", help="only the host's launch, gap, queue and PyTorch dispatch "
+                    "times (the HostSpec fields; seconds, not minutes)")
     mb.set_defaults(func=cmd_microbench)

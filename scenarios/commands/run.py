@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
     r.add_argument("--full", action="store_true",
                    help="no fast mode: count-only runs simulate every block and tile step too (fast mode, the "
                         "default: long inner loops run several tiles a step and steady launches are folded)")
-    r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against sequence length")
+    r.add_argument("--plot", metavar="PNG", help="plot traffic, footprint and time against the swept field (N "
+                   "when N is swept), a line per program, variant and block")
     r.add_argument("--roofline", metavar="PNG", help="plot every kernel on the machine's roofline")
     r.add_argument("--timeline", metavar="JSON", help="write the run as Chrome trace events (Perfetto): a track per "
                    "SM with its blocks, loads and compute, the kernels, and the DRAM bandwidth in use")
@@ -207,7 +208,8 @@ def print_results(args, exp, results: list, complete: bool, stopped: str | None,
 def write_figures(args, exp, results: list, timelines: list | None, out) -> None:
     """--plot, --roofline and --timeline, after the run."""
     if args.plot:
-        png = report.plot_vs_seq_len(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)")
+        swept = list(dict.fromkeys(k for cfg in exp.configs for k in cfg.point))    # x-axis: the swept field
+        png = report.plot_sweep(results, args.plot, f"{exp.name} on {exp.gpu.name} (predicted)", swept)
         print(f"wrote {png}", file=out)
     if args.roofline:
         from .. import roofline

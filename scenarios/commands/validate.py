@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
                         "simulation; each point says how much of it was simulated)")
     v.add_argument("--fast", action="store_true", help=argparse.SUPPRESS)     # the default now; kept for old scripts
     v.add_argument("--workers", type=count(1), metavar="N",
-                   help="simulate on N local processes (a Dask LocalCluster, as `run --workers`)")
+                   help="simulate on N local processes (a Dask LocalCluster, as `run --workers`; default: every "
+                        "core when there are 16 distinct configurations or more, 1: this process only)")
     add_without(v)
     v.set_defaults(func=cmd_validate)
 
