@@ -13,10 +13,13 @@ organisation) and a standard-attention baseline (softmax.cu + CuPy matmuls), wit
 And the implementations others ship, timed on this machine's GPU:
 
 - implementations.py: the one table from an implementation a measured file names (fa2, fa1,
-  pytorch) to the hbmsim program and variant that reproduce it (scenarios/published.py uses it);
+  pytorch, sdpa-gqa-decode, fa2-kvcache) to the hbmsim program and variant that reproduce it
+  (scenarios/published.py uses it);
 - library_timing.py: PyTorch's FlashAttention-2 kernels and the FA2 paper's PyTorch baseline
   over the paper's grid, pass by pass;
 - library_nsight.py: those under Nsight Compute and torch.profiler, and ncu's raw page summarised;
+- library_decode.py: decode (one query row, grouped-query heads, long KV) over a batch x KV-length
+  grid: torch SDPA's FLASH backend with enable_gqa, flash-attn's flash_attn_with_kvcache (paged);
 - library.py: their command, `python -m hbmsim.kernels.library` (`hbmsim profile-library`).
 
 This package never imports hbmsim.algorithms or hbmsim.scenarios: tests compare the kernels

@@ -313,7 +313,8 @@ def sdpa_tiny(torch, shapes=SDPA_SHAPES, repeats: int = 20) -> dict:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
         go = torch.randn(b, h, n, d, device="cuda", dtype=torch.float16)
         rec = {"batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": "fp16"}
-        for name, call in (("forward", lambda: sdpa(q, k, v)), ("forward+backward", lambda: sdpa(q, k, v).backward(go))):
+        calls = (("forward", lambda: sdpa(q, k, v)), ("forward+backward", lambda: sdpa(q, k, v).backward(go)))
+        for name, call in calls:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             ev, host, wall = [], [], []
             for r in range(repeats + 1):

@@ -19,9 +19,12 @@ class Implementation:
     name: str                       # the runs' "implementation" field
     algorithm: str                  # the hbmsim program that reproduces it
     variant: str                    # ... and that program's variant
-    in_fa2_paper: str               # what the FlashAttention-2 paper timed under this name
+    in_fa2_paper: str | None = None # what the FlashAttention-2 paper timed under this name (None: not in it)
     timed_here: str | None = None   # what `hbmsim profile-library` times under this name ({torch}: its
                                     # version); None: not timed by this project
+    grid: str = "paper"             # the grid it is timed over: "paper" (the FA2 paper's, forward and
+                                    # backward) or "decode" (one query row against a long KV cache,
+                                    # kernels/library_decode.py)
 
     def describe(self, what: str) -> str:
         """The provenance's line for this implementation: its program, variant and `what` ran."""
@@ -43,7 +46,25 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         in_fa2_paper="attention_pytorch of benchmarks/benchmark_flash_attention.py",
         timed_here="attention_pytorch of the flash-attention repository's benchmarks/benchmark_flash_attention.py, "
                    "reproduced op for op"),
+    # Decode (issue 25): the FA2 kernels with grouped-query heads, one query row per sequence, num_splits
+    # and pack_gqa "auto" (FA2's num_splits_heuristic and seqlenq_ngroups_swapped).
+    Implementation(
+        "sdpa-gqa-decode", "flash2", "fa2-kernel", grid="decode",
+        timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.FLASH_ATTENTION and "
+                   "enable_gqa=True, q (B, 32, 1, 128) against k, v (B, 8, N, 128), forward only (the "
+                   "FlashAttention-2 kernels vendored in torch {torch}: split-KV and packed GQA as its mha_fwd "
+                   "decides)"),
+    Implementation(
+        "fa2-kvcache", "flash2", "fa2-kernel", grid="decode",
+        timed_here="flash_attn.flash_attn_with_kvcache of the flash-attn package (version in the provenance), "
+                   "num_splits=0 (its heuristic), KV cache contiguous (B, N, 8, 128) or paged (pages of 256 "
+                   "tokens in a shuffled block table), no new tokens appended, forward only"),
 )}
 
-# The implementations this project times itself (kernels/library_timing.py), in the table's order.
-TIMED_HERE: dict[str, Implementation] = {n: i for n, i in IMPLEMENTATIONS.items() if i.timed_here}
+# The implementations this project times itself over the FA2 paper's grid (kernels/library_timing.py)
+# and over the decode grid (kernels/library_decode.py), in the table's order; those the paper timed.
+TIMED_HERE: dict[str, Implementation] = {n: i for n, i in IMPLEMENTATIONS.items()
+                                         if i.timed_here and i.grid == "paper"}
+TIMED_DECODE: dict[str, Implementation] = {n: i for n, i in IMPLEMENTATIONS.items()
+                                           if i.timed_here and i.grid == "decode"}
+IN_FA2_PAPER: dict[str, Implementation] = {n: i for n, i in IMPLEMENTATIONS.items() if i.in_fa2_paper}

@@ -6,7 +6,11 @@ machine's GPU, and profiles them. `hbmsim profile-library` checks its input and 
   pass by pass, into a measured file that `hbmsim validate FILE` reads (kernels/library_timing.py);
 - `--ncu IMPL D N CAUSAL PASS`: run one pass of one configuration for Nsight Compute to profile
   (DRAM and L2 bytes per kernel), `--ops IMPL D N CAUSAL`: print which operator launched each
-  kernel, `--summarise-ncu CSV...`: ncu raw pages -> `--out` JSON (kernels/library_nsight.py).
+  kernel, `--summarise-ncu CSV...`: ncu raw pages -> `--out` JSON (kernels/library_nsight.py);
+- `--decode --out FILE [--out-kvcache FILE2]`: time decode (one query row, grouped-query heads,
+  long KV) over a batch x KV-length grid, forward only: torch SDPA's FLASH backend with enable_gqa
+  into FILE, flash-attn's flash_attn_with_kvcache (contiguous and paged) into FILE2 when the
+  package imports (kernels/library_decode.py).
 
 The implementations and the paper's head dimensions are IMPLEMENTATIONS and HEAD_DIMS here.
 """
@@ -18,6 +22,7 @@ import sys
 from pathlib import Path
 
 from .library_nsight import ncu_one, op_table, summarise_ncu_raw
+from . import library_decode
 from .library_timing import HEAD_DIMS, IMPLEMENTATIONS, measure_grid
 
 __all__ = ["HEAD_DIMS", "IMPLEMENTATIONS", "main"]
@@ -26,7 +31,8 @@ __all__ = ["HEAD_DIMS", "IMPLEMENTATIONS", "main"]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.library")
     p.add_argument("--out")
-    p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS))
+    p.add_argument("--impl", nargs="+", help=f"default: {' '.join(IMPLEMENTATIONS)} (with --decode: "
+                   f"{' '.join(library_decode.IMPLEMENTATIONS)})")
     p.add_argument("--head-dim", nargs="+", type=int, default=list(HEAD_DIMS))
     p.add_argument("--causal", nargs="+", default=["false", "true"])
     p.add_argument("--max-seq-len", type=int, default=1 << 20)
@@ -36,11 +42,48 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", nargs=5, metavar=("IMPL", "D", "N", "CAUSAL", "PASS"))
     p.add_argument("--ops", nargs=4, metavar=("IMPL", "D", "N", "CAUSAL"))
     p.add_argument("--summarise-ncu", nargs="+", metavar="CSV", help="ncu raw-page CSVs -> --out JSON")
+    p.add_argument("--decode", action="store_true", help="the decode grid (kernels/library_decode.py)")
+    p.add_argument("--out-kvcache", help="with --decode: the file for flash-attn's runs (default: beside --out, "
+                   f"named <stem>-{library_decode.KVCACHE}.json)")
+    p.add_argument("--batches", nargs="+", type=_positive, default=list(library_decode.BATCHES),
+                   help="with --decode: batch sizes")
+    p.add_argument("--kv-lens", nargs="+", type=_positive, default=list(library_decode.KV_LENS),
+                   help="with --decode: KV-cache lengths (tokens per sequence)")
+    p.add_argument("--no-flush-l2", action="store_true", help="with --decode: leave the L2 warm between calls")
     return p
 
 
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return v
+
+
+def decode_main(p: argparse.ArgumentParser, a, command: list) -> int:
+    impls = a.impl or list(library_decode.IMPLEMENTATIONS)
+    bad = [i for i in impls if i not in library_decode.IMPLEMENTATIONS]
+    if bad:
+        p.error(f"--decode: --impl {bad[0]!r} must be one of {', '.join(library_decode.IMPLEMENTATIONS)}")
+    if not a.out:
+        p.error("--decode needs --out FILE")
+    kvcache = a.out_kvcache or library_decode.default_kvcache_path(a.out)
+    if Path(kvcache).resolve() == Path(a.out).resolve():
+        p.error("--out-kvcache must name another file than --out (one measurement per configuration and file)")
+    library_decode.measure_decode(a.out, kvcache, impls, a.batches, a.kv_lens, a.warmup, a.repeats, command,
+                                  flush_l2=not a.no_flush_l2)
+    return 0
+
+
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
+    command = ["python", "-m", "hbmsim.kernels.library"] + list(argv if argv is not None else sys.argv[1:])
+    if a.decode:
+        return decode_main(p, a, command)
     if a.summarise_ncu:
         runs = [{"file": Path(f).name, "kernels": summarise_ncu_raw(Path(f).read_text())} for f in a.summarise_ncu]
         Path(a.out).write_text(json.dumps({"source": "measured", "runs": runs}, indent=1) + "\n")
@@ -51,9 +94,8 @@ def main(argv=None) -> int:
     if a.ncu:
         impl, d, n, causal, pass_name = a.ncu
         return ncu_one(impl, int(d), int(n), causal == "true", pass_name)
-    command = ["python", "-m", "hbmsim.kernels.library"] + list(argv if argv is not None else sys.argv[1:])
-    measure_grid(a.out, a.impl, a.head_dim, [c == "true" for c in a.causal], a.max_seq_len, a.warmup, a.repeats,
-                 command, a.seq_lens)
+    measure_grid(a.out, a.impl or list(IMPLEMENTATIONS), a.head_dim, [c == "true" for c in a.causal], a.max_seq_len,
+                 a.warmup, a.repeats, command, a.seq_lens)
     return 0
 
 

@@ -159,7 +159,11 @@ def run_key(r: dict) -> tuple:
     if "seq_len" in w:
         w.setdefault("seq_len_q", w["seq_len"])
         w.setdefault("seq_len_kv", w["seq_len"])
-    workload = tuple((k, w.get(k)) for k in WORKLOAD_KEYS)
+    # grouped-query heads (absent: as many K/V heads as query heads) and a paged KV cache (absent or
+    # "contiguous": not paged) tell configurations apart too
+    w["kv_heads"] = w.get("kv_heads") or w.get("heads")
+    w["kv_page_size"] = None if w.get("kv_page_size") == "contiguous" else w.get("kv_page_size")
+    workload = tuple((k, w.get(k)) for k in WORKLOAD_KEYS + ("kv_heads", "kv_page_size"))
     blocks = tuple(r.get(f) for f in _match_fields(r))
     return (r.get("algorithm"), r.get("pass", "forward"), workload, blocks)
 

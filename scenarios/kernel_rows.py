@@ -26,7 +26,8 @@ class KernelGroup:
 # flash2 fa2-kernel: the FlashAttention-2 kernels vendored in PyTorch (flash_fwd_kernel.h,
 # flash_bwd_kernel.h, flash_bwd_preprocess_kernel.h), one launch each per pass.
 _FA2 = (
-    KernelGroup("forward", r"flash_fwd_kernel|flash_fwd_splitkv_kernel", ("flash2_fwd",)),
+    KernelGroup("forward", r"flash_fwd_kernel|flash_fwd_splitkv_kernel", ("flash2_fwd", "flash2_fwd_splitkv")),
+    KernelGroup("split-KV combine", r"flash_fwd_splitkv_combine_kernel", ("flash2_fwd_splitkv_combine",)),
     KernelGroup("dO.O (preprocess)", r"flash_bwd_dot_do_o", ("flash2_bwd_dot_do_o",)),
     KernelGroup("dQ dK dV", r"flash_bwd_dq_dk_dv", ("flash2_bwd",)),
     KernelGroup("convert dQ", r"flash_bwd_convert_dq", ("flash2_bwd_convert_dq",)),

@@ -204,6 +204,9 @@ def cmd_profile_library(args) -> int:
         raise HbmsimError("profile-library: PyTorch is not installed; nothing was measured or written") from None
     if not torch.cuda.is_available():
         raise HbmsimError("profile-library: torch sees no CUDA GPU; nothing was measured or written")
+    if getattr(args, "decode", False):          # kernels/library_decode.py's grid and implementations
+        return library.main(["--decode", "--out", args.out, "--warmup", str(args.warmup), "--repeats",
+                             str(args.repeats)])
     argv = ["--out", args.out, "--impl", *args.impl, "--head-dim", *map(str, args.head_dim),
             "--causal", *args.causal, "--max-seq-len", str(args.max_seq_len), "--warmup", str(args.warmup),
             "--repeats", str(args.repeats)]

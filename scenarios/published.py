@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from hbmsim.kernels.implementations import IMPLEMENTATIONS
+from hbmsim.kernels.implementations import IN_FA2_PAPER as IMPLEMENTATIONS     # the paper's rows
 from hbmsim.simulator import HbmsimError
 
 MEASURED_DIR = Path(__file__).parent / "measured"

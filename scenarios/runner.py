@@ -140,6 +140,8 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     fast = fast and not numeric and trace is None and recorder is None
     result = simulate(cfg.gpu, build_program(cfg, data, fast), trace, model=model, recorder=recorder,
                       progress=progress, fold=fast)
+    if recorder is not None:
+        recorder.host(result)                  # the host's track, from the finished run
     errors = {}
     if numeric:
         o_ref, _ = attention_forward(wl, data)

@@ -87,7 +87,7 @@ def _kept(r: dict, only: str | None, max_seq_len: int | None) -> bool:
     if only and only not in text:
         return False
     w = r.get("workload") or {}
-    n = w.get("seq_len") or w.get("seq_len_q")
+    n = w.get("seq_len") or w.get("seq_len_kv") or w.get("seq_len_q")     # decode: the KV length
     return not (max_seq_len and n and n > max_seq_len)
 
 
@@ -155,12 +155,14 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None)
     res = next(x for x in results if x["pass"] == pass_name)
     wl = cfg.workload
     impl = r.get("implementation") or f"{cfg.run.algorithm} {r.get('variant', '')}".strip()
-    label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads} N={wl.seq_len_q}"
-             + (" causal" if wl.causal else ""))
+    n = wl.seq_len_q if wl.seq_len_q == wl.seq_len_kv else f"{wl.seq_len_q}x{wl.seq_len_kv}"   # decode: 1xN
+    label = (f"{impl} {r['hardware']} {pass_name} d={wl.head_dim} B={wl.batch} H={wl.heads}"
+             + (f"/{wl.kv_heads}" if wl.kv_heads != wl.heads else "") + f" N={n}"
+             + (f" paged {wl.kv_page_size}" if wl.kv_page_size else "") + (" causal" if wl.causal else ""))
     rows = r.get("kernels")
     groups = compare_kernels(cfg.run.algorithm, res.get("variant", ""), res["kernels"], rows or [])
     measured_kernel_s = sum(k["time_s"] for k in rows) if rows else None
-    return Point((impl, r["hardware"], pass_name), wl.seq_len_q, label, res["time_s"], r["time_s"], ablation,
+    return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, res["time_s"], r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
                  tuple(groups or ()))
 

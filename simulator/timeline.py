@@ -1,5 +1,6 @@
 """A run as Chrome trace events (Perfetto, chrome://tracing): a track per SM with its blocks, their
-loads and their compute, a track of kernels, and a counter of the DRAM bandwidth in use.
+loads and their compute, a track of kernels, a counter of the DRAM bandwidth in use, and the host's
+track (host.py): when it dispatched and launched each kernel, and each pass's stopwatch.
 
 The machine calls the recorder only when one is attached (Machine(..., recorder=Timeline())), so a
 run without a timeline pays nothing. Big runs are capped: only the first `max_blocks` blocks of
@@ -13,7 +14,7 @@ from collections import defaultdict
 
 MAX_BLOCKS = 256        # blocks recorded per kernel, so a big run's file stays small
 
-PID_SMS, PID_KERNELS, PID_HBM = 1, 2, 3
+PID_SMS, PID_KERNELS, PID_HBM, PID_HOST = 1, 2, 3, 4
 
 
 class Timeline:
@@ -52,6 +53,24 @@ class Timeline:
         self.kernels.append(name)
         self._x(name, "kernel", PID_KERNELS, 0, start_s, end_s, {"grid": grid})
 
+    def host(self, result) -> None:
+        """The host's track, after the run: for each pass, drawn from its first kernel's start (the
+        stopwatch's start marker), the span in which the host dispatched the ops before each
+        launch and launched it (thread 0), and the pass's stopwatch time (thread 1). The device
+        tracks show the kernels back to back; the stopwatch adds what the host made them wait."""
+        if result.host is None:
+            return
+        for p in dict.fromkeys(k.pass_name for k in result.kernels):
+            ks, times = result.select(p), result.pass_times(p)
+            t0, before = ks[0].start_s, 0.0
+            for k, issued in zip(ks, times.host_issue_s):
+                if k.launched:
+                    self._x(f"dispatch + launch {k.name}", "host", PID_HOST, 0, t0 + before, t0 + issued,
+                            {"framework_ops": k.host_ops})
+                    before = issued
+            self._x(f"{p}: stopwatch", "host", PID_HOST, 1, t0, t0 + times.time_s,
+                    {"time_us": times.time_s * 1e6, "kernel_time_us": times.kernel_time_s * 1e6})
+
     # ---- the file --------------------------------------------------------------------------
     def _x(self, name, cat, pid, tid, start_s, end_s, args) -> None:
         self.events.append({"name": name, "cat": cat, "ph": "X", "ts": start_s * 1e6,
@@ -76,7 +95,8 @@ class Timeline:
     def to_chrome(self, sm_count: int, title: str) -> dict:
         names = [{"name": "process_name", "ph": "M", "pid": PID_SMS, "tid": 0, "args": {"name": "SMs"}},
                  {"name": "process_name", "ph": "M", "pid": PID_KERNELS, "tid": 0, "args": {"name": "kernels"}},
-                 {"name": "process_name", "ph": "M", "pid": PID_HBM, "tid": 0, "args": {"name": "HBM"}}]
+                 {"name": "process_name", "ph": "M", "pid": PID_HBM, "tid": 0, "args": {"name": "HBM"}},
+                 {"name": "process_name", "ph": "M", "pid": PID_HOST, "tid": 0, "args": {"name": "host"}}]
         used = sorted({e["tid"] for e in self.events if e["pid"] == PID_SMS})
         names += [{"name": "thread_name", "ph": "M", "pid": PID_SMS, "tid": sm, "args": {"name": f"SM {sm}"}}
                   for sm in used]

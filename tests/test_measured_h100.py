@@ -136,7 +136,27 @@ def test_microbench_on_gpu(tmp_path):
     out = tmp_path / "mb.json"
     assert main(["--out", str(out), "--repeats", "3"]) == 0
     res = json.loads(out.read_text())["results"]
-    assert all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in res.values())
+    rates = {k: v for k, v in res.items() if not k.startswith("host_")}
+    assert rates and all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in rates.values())
+
+
+@pytest.mark.gpu
+def test_host_microbench_on_gpu(tmp_path):
+    """`--host` on a real GPU: every CuPy entry measured, and the file gives a HostSpec (the PyTorch
+    fields from the defaults where PyTorch is missing)."""
+    from hbmsim.kernels.gpu import gpu_available
+    from hbmsim.kernels.microbench import main
+    from hbmsim.simulator.host import DEFAULT_HOST, host_from_measured
+    ok, why = gpu_available()
+    if not ok:
+        pytest.skip(why)
+    out = tmp_path / "host.json"
+    assert main(["--out", str(out), "--repeats", "3", "--host"]) == 0
+    doc = json.loads(out.read_text())
+    assert {"launch_s", "launch_gap_s", "queue_launches"} <= set(doc["host_spec"])
+    assert doc["results"]["host_launch_gap"]["queued_behind_spin"]
+    h = host_from_measured(out, defaults=DEFAULT_HOST)
+    assert 0 < h.launch_s < 1e-3 and h.queue_launches >= 1
 
 
 @pytest.mark.gpu

@@ -65,3 +65,20 @@ def test_run_timeline_writes_one_trace_for_the_experiment(tmp_path):
     names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
     assert any(n.startswith("config 3 (flash2 forward+backward N=100x77") for n in names)
     assert len(doc["otherData"]["configurations"]) == 3
+
+
+def test_the_host_track_shows_each_launch_and_the_stopwatch(a100):
+    """flash2 forward, one kernel: the host dispatches one op (6.8 us) and launches it (5 us) before
+    it starts, so the track's launch span is 11.8 us and the stopwatch covers it plus the kernel."""
+    from hbmsim.simulator.host import DEFAULT_HOST
+    tl = Timeline()
+    res = simulate(a100, flash2_forward(WL, 64, 64, warps=4), recorder=tl)
+    tl.host(res)
+    host = [e for e in tl.events if e["cat"] == "host"]
+    launch, watch = host
+    assert launch["name"] == "dispatch + launch flash2_fwd" and launch["tid"] == 0
+    assert launch["dur"] == pytest.approx((DEFAULT_HOST.eager_op_s + DEFAULT_HOST.launch_s) * 1e6)
+    assert watch["name"] == "forward: stopwatch" and watch["tid"] == 1
+    assert watch["dur"] == pytest.approx(res.to_dict("forward")["time_s"] * 1e6)
+    assert watch["args"]["kernel_time_us"] == pytest.approx(res.time("forward") * 1e6)
+    check_schema(tl.to_chrome(a100.sm_count, "t"))

@@ -43,6 +43,8 @@ def add_profile_library(sub) -> None:
     pl.add_argument("--max-seq-len", type=count(1), default=16384, help="skip the grid's longer sequences")
     pl.add_argument("--warmup", type=count(0), default=3, help="untimed runs before timing (default 3)")
     pl.add_argument("--repeats", type=count(1), default=30, help="timed runs; the mean is kept (default 30)")
+    pl.add_argument("--decode", action="store_true", help="instead: decode (1 query row, 32/8 heads, KV 1k-128k, "
+                    "batch 1-64), torch SDPA with enable_gqa, and flash-attn's kvcache kernel when it imports")
     pl.set_defaults(func=cmd_profile_library)
 
 
