@@ -72,3 +72,18 @@ def grouped_fields(fields):
 
     return fields.flatmap(lambda f: st.sampled_from([k for k in range(1, f["heads"] + 1) if f["heads"] % k == 0])
                           .map(lambda k: {**f, "kv_heads": k}))
+
+
+def counted_by_tensor(result) -> dict:
+    """{tensor: (L2-side read bytes, write bytes)} a simulated result counted, zeros left out."""
+    out: dict = {}
+    for k in result.kernels:
+        for name, t in k.tensors.items():
+            r, w = out.get(name, (0, 0))
+            out[name] = (r + t.read, w + t.write)
+    return {k: v for k, v in out.items() if v != (0, 0)}
+
+
+def nonzero(io: dict) -> dict:
+    """A closed form's {tensor: (read, write)} without its zero entries."""
+    return {k: v for k, v in io.items() if v != (0, 0)}

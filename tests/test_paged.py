@@ -9,6 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import counted_by_tensor as counted
+from conftest import nonzero
+
 from hbmsim.algorithms import registry
 from hbmsim.algorithms.flash2_spec import Flash2Blocks
 from hbmsim.algorithms.paged import block_table, table_entries
@@ -20,19 +23,6 @@ from hbmsim.scenarios.runner import prepare, run_config
 from hbmsim.simulator import HbmsimError, simulate
 
 SPEC = registry.get("flash2")
-
-
-def counted(result) -> dict:
-    out: dict = {}
-    for k in result.kernels:
-        for name, t in k.tensors.items():
-            r, w = out.get(name, (0, 0))
-            out[name] = (r + t.read, w + t.write)
-    return {k: v for k, v in out.items() if v != (0, 0)}
-
-
-def nonzero(io: dict) -> dict:
-    return {k: v for k, v in io.items() if v != (0, 0)}
 
 
 def run(gpu, wl, data=None, trace=None, **fields):

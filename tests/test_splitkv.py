@@ -11,6 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import counted_by_tensor as counted
+from conftest import nonzero
+
 from hbmsim.algorithms import registry
 from hbmsim.algorithms.flash2_spec import Flash2Blocks
 from hbmsim.algorithms.flash2_splitkv import (combine_block_m, num_splits_heuristic, pack_applies,
@@ -25,19 +28,6 @@ from hbmsim.scenarios.runner import prepare, run_config
 from hbmsim.simulator import simulate
 
 SPEC = registry.get("flash2")
-
-
-def counted(result) -> dict:
-    out: dict = {}
-    for k in result.kernels:
-        for name, t in k.tensors.items():
-            r, w = out.get(name, (0, 0))
-            out[name] = (r + t.read, w + t.write)
-    return {k: v for k, v in out.items() if v != (0, 0)}
-
-
-def nonzero(io: dict) -> dict:
-    return {k: v for k, v in io.items() if v != (0, 0)}
 
 
 def run(gpu, wl, data=None, **fields):
