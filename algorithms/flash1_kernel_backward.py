@@ -21,10 +21,9 @@ from .workload import AttentionData, Workload, allowed
 
 
 def fa1_kernel_training(wl: Workload, block_kv: int, num_splits: int, bwd_parallel: bool,
-                        data: AttentionData | None = None, fast: bool = False) -> Program:
-    """The kernel's forward (num_splits thread blocks per batch-head), then its backward. `fast`
-    (count-only): the forward's long runs of query steps go several a simulated step."""
-    fwd = fa1_kernel_forward(wl, block_kv, num_splits, data, fast)
+                        data: AttentionData | None = None) -> Program:
+    """The kernel's forward (num_splits thread blocks per batch-head), then its backward."""
+    fwd = fa1_kernel_forward(wl, block_kv, num_splits, data)
     bwd, grads = fa1_kernel_backward(wl, fwd, block_kv, bwd_parallel, data)
     return Program("flash1_kernel_training", list(fwd.launches) + bwd, inputs=fwd.inputs,
                    outputs={**fwd.outputs, **grads})
@@ -164,13 +163,16 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         acc = yield from ctx.load(DQT[g], rows, all_cols)
         yield from ctx.store(dQ[g], rows, all_cols, acc)
 
+    # every (batch-head, key block) block alike when no mask changes its steps and the key blocks are
+    # whole: what lets the machine fold the launch in fast mode (program.Launch.period; 0: never)
+    kb_period = 1 if not wl.causal and not wl.key_padding_mask and wl.seq_len_kv % block_kv == 0 else 0
     if bwd_parallel:
         bwd = [
             Launch("fa1_bwd_zero_dq_tmp", g_count * n_chunks, 0, zero_dq_tmp, allocs=(dO, DQT, dQ, dK, dV),
                    pass_name="backward"),
             Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward"),
             Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward",
-                   tensor_op=MMA_SYNC),
+                   tensor_op=MMA_SYNC, period=kb_period),
             Launch("fa1_bwd_convert_dq", g_count * n_chunks, 0, convert_dq, frees=(DQT, D), pass_name="backward"),
         ]
     else:

@@ -67,12 +67,11 @@ def _resolve(gpu, wl: Workload, m: Flash1Blocks, training: bool) -> tuple:
     return replace(m, block_q=QUERY_STEP, block_kv=bkv, num_splits=splits, bwd_parallel=bool(parallel)), tuple(notes)
 
 
-def _build(wl: Workload, m: Flash1Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
-    """`fast` (the kernel variant): its 16-row query steps run several a simulated step."""
+def _build(wl: Workload, m: Flash1Blocks, data: AttentionData | None, training: bool) -> Program:
     if m.variant == FA1_KERNEL:
         if training:
-            return fa1_kernel_training(wl, m.block_kv, m.num_splits, m.bwd_parallel, data, fast)
-        return fa1_kernel_forward(wl, m.block_kv, m.num_splits, data, fast)
+            return fa1_kernel_training(wl, m.block_kv, m.num_splits, m.bwd_parallel, data)
+        return fa1_kernel_forward(wl, m.block_kv, m.num_splits, data)
     if training:
         return flash1_training(wl, m.block_q, m.block_kv, data)
     return flash1_forward(wl, m.block_q, m.block_kv, data)
@@ -101,7 +100,7 @@ def _describe(m: Flash1Blocks) -> str:
 SPEC = register(AlgorithmSpec(
     name="flash1", label="FlashAttention (Dao et al. 2022): Algorithms 1 and 4, or the v1 kernel",
     mapping_type=Flash1Blocks, build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve,
-    steps=lambda wl, m, training, fast=False: flash_steps(wl, FlashBlocks(m.block_q, m.block_kv), training),
+    steps=lambda wl, m, training: flash_steps(wl, FlashBlocks(m.block_q, m.block_kv), training),
     describe=_describe, auto_fields=("block_q", "block_kv", "num_splits"), bool_fields=("bwd_parallel",),
     variants=(PAPER, FA1_KERNEL), match_fields=("block_q", "block_kv"),
-    no_kernel_reason="no kernel implements flash1 (the CUDA kernel is FlashAttention-2)", coarsens=True))
+    no_kernel_reason="no kernel implements flash1 (the CUDA kernel is FlashAttention-2)"))

@@ -237,3 +237,17 @@ def test_random_configs_in_fast_mode_finish_with_closed_form_counts(cfg, sms, ba
         assert r["fast"] and 0 < r["simulated_fraction"] <= 1
         assert counted(r) == nonzero(closed_form(cfg, r, r["pass"])), r["pass"]
         assert math.isfinite(r["time_s"]) and r["time_s"] > 0
+
+
+def test_the_fa1_kernel_in_fast_mode_is_within_1_percent_with_exact_counts():
+    """The FA1 kernel (fa1-kernel) in fast mode: its key-parallel backward, every block alike
+    without a mask, folds; its 16-row steps are simulated one by one; its counts stay exact."""
+    wl = Workload(batch=4, heads=16, seq_len_q=1024, seq_len_kv=1024, head_dim=64)
+    cfg = Config(part_of("a100-sxm4-40gb"), wl, RunSpec("flash1", ("forward", "backward"),
+                                                          {"variant": "fa1-kernel", "num_splits": 1,
+                                                           "bwd_parallel": True}))
+    cfg = dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+    compare(cfg, must_fold=False)
+    kernels = run_config(cfg, count_only=True, fast=True)[1]["kernels"]
+    (bwd,) = [k for k in kernels if k["name"] == "fa1_bwd_seqparallel"]
+    assert 0 < bwd["folded_blocks"] < bwd["grid"]
