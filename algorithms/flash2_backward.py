@@ -27,6 +27,17 @@ from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed, causal_first_q_block
 
 
+# What the backward's annotations (ctx.note below) mean, for `hbmsim explain`: a heading and, per
+# value, the formula that made it (as flash2.py's NOTES describes the forward's).
+NOTES = {
+    "flash2 D": {"heading": "rows {rows}", "values": ({"D": "D = rowsum(dO o O)"},)},
+    "flash2 bwd tile": {"heading": "tile: query rows {rows}, keys {cols}", "values": (
+        {"lse": "lse (the forward's log-sum-exp)"}, {"P": "P = exp(scale Q K^T - lse)"},
+        {"dV": "dV_j += P^T dO"}, {"dP": "dP = dO V^T"}, {"dS": "dS = P o (dP - D)"},
+        {"dQ": "dQ_i += scale dS K"}, {"dK": "dK_j += scale dS^T Q"})},
+}
+
+
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     itemsize = wl.itemsize
     return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4

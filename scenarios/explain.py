@@ -28,6 +28,7 @@ import numpy as np
 
 from hbmsim.algorithms import registry
 from hbmsim.algorithms.flash2 import NOTES as FLASH2_NOTES
+from hbmsim.algorithms.flash2_backward import NOTES as FLASH2_BACKWARD_NOTES
 from hbmsim.algorithms.flash2_backward import flash2_training
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.softmax import NOTES as SOFTMAX_NOTES
@@ -42,17 +43,6 @@ DEFAULT_K = [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]]
 DEFAULT_V = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
 DEFAULT_DO = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
 MAX_ROWS, MAX_HEAD_DIM = 256, 256    # a walkthrough prints every score: bigger is for `hbmsim run`
-
-# flash2's backward annotations (ctx.note in algorithms/flash2_backward.py), described as the
-# forward's are in algorithms/flash2.py's NOTES: here until that module exports its own table.
-FLASH2_BACKWARD_NOTES = {
-    "flash2 D": {"heading": "rows {rows}", "values": ({"D": "D = rowsum(dO o O)"},)},
-    "flash2 bwd tile": {"heading": "tile: query rows {rows}, keys {cols}", "values": (
-        {"lse": "lse (the forward's log-sum-exp)"}, {"P": "P = exp(scale Q K^T - lse)"},
-        {"dV": "dV_j += P^T dO"}, {"dP": "dP = dO V^T"}, {"dS": "dS = P o (dP - D)"},
-        {"dQ": "dQ_i += scale dS K"}, {"dK": "dK_j += scale dS^T Q"})},
-}
-
 
 @dataclass(frozen=True)
 class Example:
