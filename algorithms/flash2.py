@@ -45,6 +45,21 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return (block_q + 2 * block_kv) * wl.head_dim * wl.itemsize
 
 
+def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> dict:
+    """`compute`'s arguments for S = Q_i K_j^T and the online softmax of n query rows over nc keys
+    in `tiles` K/V tiles (one simulated step; FA2's forward and its split-KV kernel alike)."""
+    d = wl.head_dim
+    # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
+    # per score and one per row (the rescale exp(m_old - m_new)); SRAM: each warp reads its
+    # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j.
+    # Several tiles in one step: the per-score terms add up over nc columns, the per-row
+    # terms (softmax row updates, the rescale exp, Q_i's reads) come once per tile.
+    return dict(matmul_flops=2 * n * nc * d,
+                vector_flops=online_softmax_vector_flops(wl, n, nc)
+                + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
+                sram_bytes=(tiles * n + warps * nc) * d * wl.itemsize, exp_ops=n * nc + tiles * n)
+
+
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                    warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
@@ -106,15 +121,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             c1, nc = cols.stop, cols.stop - c0
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv.tiles("V", kg, c0, c1))
-            # S = Q_i K_j^T: 2*n*nc*d FLOPs (multiply-add = 2); the tile's online softmax, with an exp
-            # per score and one per row (the rescale exp(m_old - m_new)); SRAM: each warp reads its
-            # rows of Q_i (Q is not kept in registers: Is_Q_in_regs = false) and all of K_j.
-            # Several tiles in one step: the per-score terms add up over nc columns, the per-row
-            # terms (softmax row updates, the rescale exp, Q_i's reads) come once per tile.
-            yield from ctx.compute(matmul_flops=2 * n * nc * d,
-                                   vector_flops=online_softmax_vector_flops(wl, n, nc)
-                                   + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                                   sram_bytes=(tiles * n + warps * nc) * d * itemsize, exp_ops=n * nc + tiles * n)
+            yield from ctx.compute(**qk_softmax_work(wl, n, nc, tiles, warps))
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.

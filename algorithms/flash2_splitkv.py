@@ -39,8 +39,8 @@ from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
-                     online_softmax_vector_flops, output, tiles_per_step)
-from .flash2 import flash2_sram_bytes
+                     output, tiles_per_step)
+from .flash2 import flash2_sram_bytes, qk_softmax_work
 from .paged import KVLayout, table_entries
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -239,10 +239,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
             nc, tiles = c1 - c0, math.ceil((c1 - c0) / block_kv)
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv.tiles("V", kg, c0, c1))
-            yield from ctx.compute(matmul_flops=2 * n * nc * d,
-                                   vector_flops=online_softmax_vector_flops(wl, n, nc)
-                                   + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                                   sram_bytes=(tiles * n + warps * nc) * d * e, exp_ops=n * nc + tiles * n)
+            yield from ctx.compute(**qk_softmax_work(wl, n, nc, tiles, warps))
             if numeric:
                 sc = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
                 m_new = np.maximum(m, sc.max(axis=1))

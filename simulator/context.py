@@ -92,6 +92,10 @@ class MachineContext:
         now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
+        return self._values(tiles)
+
+    def _values(self, tiles) -> list:
+        """The loaded tiles' values (copies), or Nones in count-only runs."""
         if not self._launch.with_data:           # count-only: none of the tensors has data
             return [None] * len(tiles)
         return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
@@ -109,9 +113,7 @@ class MachineContext:
         now = self._m.env._now
         if l2_done_s > now:
             yield self._after(l2_done_s - now)
-        if not self._launch.with_data:           # count-only: none of the tensors has data
-            return [None] * len(tiles)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
+        return self._values(tiles)
 
     def store(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
         """Write one tile back to global memory (value is ignored in count-only mode)."""
