@@ -5,4 +5,5 @@ registers its AlgorithmSpec, in this order."""
 from . import standard_spec  # noqa: F401
 from . import flash1_spec  # noqa: F401
 from . import flash2_spec  # noqa: F401
+from . import flash3_spec  # noqa: F401
 from .registry import AlgorithmSpec, algorithm_variants, algorithms, get, mapping_fields, register, unregister  # noqa: F401

@@ -18,11 +18,13 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.tensor import Strided
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
 from .common import tiles_per_step as coarse_step
+from .flash2_teaching import teaching_aligned
 from .paged import KVLayout
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -61,14 +63,18 @@ def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> di
 
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
-                   warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0) -> Program:
+                   warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0,
+                   teaching: bool = False) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
     `tiles_per_step` > 1 (fast mode, common.tiles_per_step): each simulated step loads and
     computes that many K/V tiles at once; every count is the sum of the tiles' own.
     `registers_per_thread`: the compiled kernel's (0: not known), with `warps` x 32 threads a
-    block, for the time model's `registers` effect; it never changes a byte of traffic."""
+    block, for the time model's `registers` effect; it never changes a byte of traffic.
+    `teaching`: the teaching kernel (algorithms/flash2_teaching.py): block_q threads move every
+    tile (Strided(block_q), counted in sectors), K/V tile by tile even in a coarse step, and
+    the matmuls run as FP32 FMAs (vector FLOPs)."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -80,6 +86,23 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols = slice(0, d)
+    access = Strided(block_q) if teaching else None
+
+    def tiles_of(tiles):
+        """The tiles with the kernel's access pattern attached (teaching), or as they are."""
+        return tiles if access is None else [(*t, access) for t in tiles]
+
+    def kv_tiles(name, kg, c0, c1):
+        """K or V rows [c0, c1): one tile (FA2), or one per block_kv rows as the teaching kernel loads them."""
+        if not teaching:
+            return kv.tiles(name, kg, c0, c1)
+        return tiles_of([t for s in range(c0, c1, block_kv) for t in kv.tiles(name, kg, s, min(c1, s + block_kv))])
+
+    def work(kw):
+        """compute's arguments: FA2's, or the teaching kernel's (its matmuls on the FP32 lanes)."""
+        if teaching:
+            kw = dict(kw, vector_flops=kw.get("vector_flops", 0) + kw.get("matmul_flops", 0), matmul_flops=0)
+        return kw
 
     def kv_cols(c0, c_end):
         """The K/V tiles of the step from column c0 to c_end: (columns, how many tiles)."""
@@ -109,8 +132,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             first.append((tensors["kv_lens"][g // wl.heads], slice(0, 1), slice(0, 1)))
         kv_hi = kv_cols(*steps[-1])[0].stop if steps else 0     # the keys its tiles read: [0, kv_hi)
         first += kv.table_tiles(kg, 0, kv_hi)             # paged: the block-table entries of those keys
-        q_next = ctx.prefetch(*first)                     # Q_i and K_0 are fetched together
-        k_next = ctx.prefetch(*kv.tiles("K", kg, *span(kv_cols(*steps[0])[0]))) if steps else None
+        q_next = ctx.prefetch(*tiles_of(first))           # Q_i and K_0 are fetched together
+        k_next = ctx.prefetch(*kv_tiles("K", kg, *span(kv_cols(*steps[0])[0]))) if steps else None
         q, *rest = yield from ctx.wait(q_next)
         lens = rest[0] if wl.key_padding_mask else None
         kv_len = int(lens[0, 0]) if lens is not None else None
@@ -120,8 +143,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             cols, tiles = kv_cols(c0, c_end)
             c1, nc = cols.stop, cols.stop - c0
             k = kv.join((yield from ctx.wait(k_next)))
-            v_next = ctx.prefetch(*kv.tiles("V", kg, c0, c1))
-            yield from ctx.compute(**qk_softmax_work(wl, n, nc, tiles, warps))
+            v_next = ctx.prefetch(*kv_tiles("V", kg, c0, c1))
+            yield from ctx.compute(**work(qk_softmax_work(wl, n, nc, tiles, warps)))
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -137,9 +160,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 m = m_new
             v = kv.join((yield from ctx.wait(v_next)))
             if s_i + 1 < len(steps):
-                k_next = ctx.prefetch(*kv.tiles("K", kg, *span(kv_cols(*steps[s_i + 1])[0])))
+                k_next = ctx.prefetch(*kv_tiles("K", kg, *span(kv_cols(*steps[s_i + 1])[0])))
             # acc += P V_j: P from registers, all of V_j from SRAM by every warp
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)
+            yield from ctx.compute(**work(dict(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)))
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
                 ctx.note("flash2 tile", g=g, rows=(r0, r1), cols=(c0, c1), S=s, tile_max=s.max(axis=1),
@@ -154,9 +177,12 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             lse_tile = np.full((n, 1), -np.inf)
             lse_tile[pos, 0] = m[pos] + np.log(l[pos])
             ctx.note("flash2 final", g=g, rows=(r0, r1), m=m, l=l, O=o_tile, lse=lse_tile[:, 0])
-        yield from ctx.store_tiles((O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile))
+        yield from ctx.store_tiles(*tiles_of([(O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile)]))
 
+    # A period (fold.py) needs blocks a period apart to count alike: sectors of the teaching
+    # kernel's unaligned tiles depend on where the tile starts, so those launches never fold.
+    period = row_blocks_period(wl, block_q, nq) if not teaching or teaching_aligned(wl, block_q) else 0
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),
-                    tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq), threads_per_block=32 * warps,
+                    tensor_op=MMA_SYNC, period=period, threads_per_block=block_q if teaching else 32 * warps,
                     registers_per_thread=registers_per_thread)
     return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

@@ -12,6 +12,8 @@ from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
 from .common import tiles_per_step
 from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
+from . import flash2_rawkernel_tc as tc
+from .flash2_teaching import TEACHING, teaching_forward_io, teaching_mapping
 from .flash2_splitkv import (MAX_SPLITS, SPLITKV_BLOCK_M, SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward,
                              flash2_splitkv_io, packed, resolve_pack, splitkv_block_n, splitkv_steps)
 from .io_formulas import flash2_backward_io, flash2_forward_io
@@ -148,7 +150,7 @@ def _resolve_decode(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple
         raise HbmsimError(f"flash2: kv_append needs seq_len_q = {wl.seq_len_q} new tokens within seq_len_kv = "
                           f"{wl.seq_len_kv}")
     pack = resolve_pack(wl, m.pack_gqa) if m.variant == FA2_KERNEL and not training else False
-    if m.variant == PAPER and (m.pack_gqa is True or ka or ns not in (1, AUTO)):
+    if m.variant in (PAPER, TEACHING) and (m.pack_gqa is True or ka or ns not in (1, AUTO)):
         raise HbmsimError("flash2: num_splits, pack_gqa and kv_append model the FA2 kernel: use variant \"fa2-kernel\"")
     if training and (ka or ns not in (1, AUTO)):
         raise HbmsimError("flash2: split-KV and kv_append are forward-only (inference): run the forward pass alone")
@@ -157,7 +159,7 @@ def _resolve_decode(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple
     m = replace(m, pack_gqa=pack)
     weff, _ = kernel_workload(wl, m)
     if ns == AUTO:
-        if training or m.variant == PAPER:
+        if training or m.variant == PAPER or m.variant == TEACHING:
             ns = 1
         else:
             bq = SPLITKV_BLOCK_M if m.block_q == AUTO else m.block_q
@@ -168,8 +170,10 @@ def _resolve_decode(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple
 
 
 def _resolve(gpu, wl: Workload, m: Flash2Blocks, training: bool) -> tuple:
+    m, teaching_notes = teaching_mapping(wl, m, training, FA2_KERNEL) if m.variant == TEACHING else (m, ())
     m, weff, split = _resolve_decode(gpu, wl, m, training)
-    return _resolve_blocks(gpu, weff, m, training, split)
+    m, notes = _resolve_blocks(gpu, weff, m, training, split)
+    return m, tuple(teaching_notes) + tuple(notes)
 
 
 def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: bool) -> tuple:
@@ -214,6 +218,9 @@ def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: b
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
+    if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
+        step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal) if fast else 1
+        return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, step, 0, teaching=True)
     if not training:
         new_tokens = wl.seq_len_q if m.kv_append is True else 0
         wl, data = kernel_workload(wl, m, data)
@@ -231,6 +238,8 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:
+    if m.variant == TEACHING:
+        return teaching_forward_io(wl, m.block_q, m.block_kv)
     if pass_name == "forward":
         new_tokens = wl.seq_len_q if m.kv_append is True else 0
         wl, _ = kernel_workload(wl, m)
@@ -268,13 +277,14 @@ def _describe(m: Flash2Blocks) -> str:
     text += f" split {m.num_splits}" if m.num_splits not in (1, AUTO) else ""
     text += " packed" if m.pack_gqa is True else ""
     text += " +append" if m.kv_append is True else ""
-    return text + (" (paper)" if m.variant == PAPER else "")
+    return text + {PAPER: " (paper)", TEACHING: " (teaching kernel)"}.get(m.variant, "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=Flash2Blocks,
-    build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
+    **tc.hooks(build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe),
     auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd", "num_splits"),
     bool_fields=("pack_gqa", "kv_append"),
-    variants=(FA2_KERNEL, PAPER),
-    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True, paged_kv=True))
+    variants=(FA2_KERNEL, PAPER, tc.RAWKERNEL_TC, TEACHING),
+    match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True, paged_kv=True,
+    variant_kernels=((tc.RAWKERNEL_TC, "flash_attention_tc"), (TEACHING, "flash_attention"))))

@@ -47,6 +47,9 @@ class AlgorithmSpec:
     # N x N float64 arrays its numerics hold beyond the reference's: (forward, more when training)
     nn_arrays: tuple = (0, 0)
     kernel: str | None = None       # the real kernel that implements its forward (kernels/)
+    # (variant, kernel) pairs: variants that model another of the project's kernels than `kernel`
+    # (flash2's "rawkernel-tc": the tensor-core kernel flash_attention_tc)
+    variant_kernels: tuple = ()
     no_kernel_reason: str = "no real kernel implements it"
     emulated: bool = False          # the CPU emulation can count that kernel's bytes
     # build takes fast=True (runner: fast mode): inner loops over many tiles run several a step
@@ -54,6 +57,17 @@ class AlgorithmSpec:
     no_emulation_reason: str = "the CPU emulation runs only the flash kernel"
     # it models a paged KV cache (workload kv_page_size); the others refuse one in `resolved`
     paged_kv: bool = False
+    # it needs Hopper's TMA and wgmma (GPU has_wgmma = 1; flash3): refused elsewhere in `resolved`,
+    # and left out of the listings that run every program on any GPU (algorithms(), unless asked)
+    needs_wgmma: bool = False
+
+    def kernel_of(self, mapping) -> str | None:
+        """The real kernel that runs what `mapping` (its variant) describes, or None."""
+        return dict(self.variant_kernels).get(getattr(mapping, "variant", None), self.kernel)
+
+    def variant_modelling(self, kernel: str) -> str | None:
+        """The variant that models exactly what `kernel` issues (a measured run of it says so), or None."""
+        return next((v for v, k in self.variant_kernels if k == kernel), None)
 
     @property
     def mapping_fields(self) -> tuple:
@@ -108,6 +122,9 @@ class AlgorithmSpec:
         does not model one: one line (HbmsimError)."""
         if not self.paged_kv and getattr(wl, "kv_page_size", None) is not None:
             refuse_paged(wl, self.name)
+        if self.needs_wgmma and not getattr(gpu, "has_wgmma", 0):
+            raise HbmsimError(f"{self.name}: hardware '{gpu.name}' has has_wgmma = 0: {self.label} needs Hopper's "
+                              "TMA and wgmma (compute capability 9.0); use h100-sxm5-80gb or h200-sxm-141gb")
         if self.resolve is None:
             return mapping, ()
         return self.resolve(gpu, wl, mapping, training)
@@ -135,15 +152,16 @@ def get(name: str, where: str = "") -> AlgorithmSpec:
     return spec
 
 
-def algorithms() -> list[AlgorithmSpec]:
-    """Every registered program, in registration order."""
-    return list(_REGISTRY.values())
+def algorithms(hopper: bool = False) -> list[AlgorithmSpec]:
+    """Every registered program that runs on any GPU, in registration order; with `hopper`, also
+    those that need Hopper's TMA and wgmma (needs_wgmma: flash3)."""
+    return [s for s in _REGISTRY.values() if hopper or not s.needs_wgmma]
 
 
-def algorithm_variants() -> list[tuple[AlgorithmSpec, str | None]]:
+def algorithm_variants(hopper: bool = False) -> list[tuple[AlgorithmSpec, str | None]]:
     """Every registered program with each of its named variants (None where it has none), in
-    registration order, default variant first: what the tests run."""
-    return [(spec, v) for spec in _REGISTRY.values() for v in (spec.variants or (None,))]
+    registration order, default variant first: what the tests run (`hopper`: as in algorithms)."""
+    return [(spec, v) for spec in algorithms(hopper) for v in (spec.variants or (None,))]
 
 
 def mapping_fields() -> tuple:

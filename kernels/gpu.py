@@ -1,6 +1,7 @@
 """The kernels on a GPU through CuPy: flash_attention (flash_attention.cu) and the standard
-attention baseline that materialises S and P in global memory (CuPy matmuls, CuPy elementwise
-scale and mask, and the softmax RawKernel of softmax.cu).
+attention baseline that materialises S and P in global memory (two cuBLAS strided-batched GEMMs
+in the storage dtype, CuPy elementwise scale and mask, and the softmax RawKernel of softmax.cu):
+the kernel list of hbmsim's `standard` program (eager PyTorch), one kernel per step.
 
 Both take CuPy arrays shaped (batch, heads, seq, head_dim), float16 or float32, and return
 (O, lse) / O. Sources are compiled with NVRTC through cupy.RawModule (CuPy caches the binary).
@@ -109,22 +110,53 @@ def causal_mask(seq_len_q: int, seq_len_kv: int):
 
 def standard_attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask=None):
     """Standard attention as eager PyTorch runs it, each step its own kernel through global
-    memory: S = Q K^T (matmul), S *= scale, S = where(mask, S, -inf), P = softmax(S)
-    (RawKernel), O = P V (matmul). S and P are (batch, heads, Nq, Nkv) in the storage dtype.
+    memory: S = Q K^T (a cuBLAS batched GEMM in the storage dtype), S *= scale, S = where(mask, S,
+    -inf), P = softmax(S) (RawKernel), O = P V (GEMM). S and P are (batch, heads, Nq, Nkv) in the
+    storage dtype.
     `mask` may be passed precomputed (causal_mask) so that it is not built inside a timing."""
     cp = cupy_module()
     (b, h, nq, nk, d, dt), (q, k, v) = _inputs(q, k, v)
     smem = nk * 4                                    # the softmax kernel's row buffer (fp32)
     kernel = _prepare_kernel(SOFTMAX_SOURCE, f"softmax_rows<{'fp16' if dt == 'fp16' else 'float'}, {SOFTMAX_THREADS}>",
                              smem, f"softmax over {nk} keys")
-    s = cp.matmul(q, k.swapaxes(-1, -2))
+    s = cp.empty((b, h, nq, nk), dtype=q.dtype)
+    gemm_batched(k, q, s, m=nk, n=nq, k=d, lda=d, ldb=d, transa=True, batch=b * h)       # S^T = K Q^T, column-major
     s *= s.dtype.type(default_scale(d, scale))
     if causal:
         ok = causal_mask(nq, nk) if mask is None else mask
         _mask_kernel()(ok, s)
     p = cp.empty_like(s)
     kernel((b * h * nq,), (SOFTMAX_THREADS,), (s, p, np.int32(nk)), shared_mem=smem)
-    return cp.matmul(p, v)
+    o = cp.empty_like(q)
+    gemm_batched(v, p, o, m=d, n=nq, k=nk, lda=d, ldb=nk, transa=False, batch=b * h)     # O^T = V^T P^T
+    return o
+
+
+# cuBLAS enum values (cublas_api.h, library_types.h; CUDA 11+): data types, the compute type and
+# the default algorithm (tensor cores wherever the types allow: cuBLAS docs, cublasGemmEx).
+CUDA_R_32F, CUDA_R_16F = 0, 2
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+
+
+def gemm_batched(a, b, c, *, m: int, n: int, k: int, lda: int, ldb: int, transa: bool, batch: int) -> None:
+    """C_i = op(A_i) B_i for each of `batch` contiguous matrices, column-major (cuBLAS's view of
+    row-major arrays: a row-major X is the column-major X^T), in the arrays' storage dtype with
+    fp32 accumulation: cublasGemmStridedBatchedEx, one kernel, inputs and output in fp16 (or fp32)
+    as eager PyTorch's bmm runs them. (CuPy's matmul on fp16 4-D arrays upcasts both operands to
+    fp32 copies and runs a SIMT sgemm: the kernels the shipped h100-profile-demo.json measured.)
+    GPU-only: written against the cuBLAS API, not run by this project's tests without a GPU."""
+    cp = cupy_module()
+    from cupy.cuda import cublas
+    dtype = CUDA_R_16F if a.dtype == np.float16 else CUDA_R_32F
+    one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)   # fp32 compute: fp32 scalars
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    cublas.gemmStridedBatchedEx(
+        handle, CUBLAS_OP_T if transa else CUBLAS_OP_N, CUBLAS_OP_N, m, n, k,
+        one.ctypes.data, a.data.ptr, dtype, lda, m * k, b.data.ptr, dtype, ldb, k * n,
+        zero.ctypes.data, c.data.ptr, dtype, m, m * n, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
 
 def _mask_kernel():

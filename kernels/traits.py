@@ -20,6 +20,12 @@ def _launch_flash_attention(spec, q, k, v, mask=None):
                                scale=spec.scale)
 
 
+def _launch_flash_attention_tc(spec, q, k, v, mask=None):
+    from . import gpu_tc
+    return gpu_tc.flash_attention_tc(q, k, v, dtype=spec.dtype, block_q=spec.block_q, block_kv=spec.block_kv,
+                                     warps=getattr(spec, "warps", None), causal=spec.causal, scale=spec.scale)
+
+
 def _launch_standard_attention(spec, q, k, v, mask=None):
     from . import gpu
     return gpu.standard_attention(q, k, v, causal=spec.causal, scale=spec.scale, mask=mask), None
@@ -40,6 +46,10 @@ KERNELS: dict[str, KernelTraits] = {t.name: t for t in (
     KernelTraits("flash_attention", "flash_attention.cu (FlashAttention-2 organisation)", ("forward",),
                  "CUDA-event time of one forward pass, shared memory per block; DRAM / L2 bytes under ncu",
                  tiled=True, causal_mask_tensor=False, launch=_launch_flash_attention),
+    KernelTraits("flash_attention_tc", "flash_attention_tc.cu (tensor cores: mma.sync m16n8k16, ldmatrix, cp.async)",
+                 ("forward",),
+                 "CUDA-event time of one forward pass, shared memory per block; DRAM / L2 bytes under ncu",
+                 tiled=True, causal_mask_tensor=False, launch=_launch_flash_attention_tc),
     KernelTraits("standard_attention", "CuPy matmuls + softmax.cu (S and P through global memory)", ("forward",),
                  "CUDA-event time of one forward pass; DRAM / L2 bytes under ncu",
                  tiled=False, causal_mask_tensor=True, launch=_launch_standard_attention),

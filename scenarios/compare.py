@@ -147,7 +147,7 @@ def _check_run(p: Path, i: int, r: dict, source: str = "predicted") -> None:
 def _match_fields(r: dict) -> tuple:
     """The mapping fields that identify a run of this program (its registry spec says which);
     for an algorithm hbmsim does not know, the flash block sizes when present."""
-    names = [a.name for a in registry.algorithms()]
+    names = [a.name for a in registry.algorithms(hopper=True)]
     if r.get("algorithm") in names:
         return registry.get(r["algorithm"]).match_fields
     return tuple(f for f in ("block_q", "block_kv") if f in r)

@@ -64,6 +64,9 @@ class Config:
     point: dict = field(default_factory=dict, compare=False, hash=False)
     mapping: dict | None = field(default=None, compare=False, hash=False)
     notes: tuple = ()
+    # the L2's contents when the run starts (simulator: Machine's l2_start): "cold", or "warm"
+    # (the inputs resident, as the copy that made them leaves them); a measured run says which
+    l2_start: str = "cold"
 
 
 @dataclass
@@ -179,7 +182,7 @@ def make_workload(where: str, w: dict) -> Workload:
 def make_run(where: str, r: dict) -> RunSpec:
     _unknown(where, r, run_fields())
     alg = r.get("algorithm")
-    names = ", ".join(a.name for a in registry.algorithms())
+    names = ", ".join(a.name for a in registry.algorithms(hopper=True))
     if alg is None:
         raise HbmsimError(f"{where}: missing field 'algorithm' (one of {names})")
     spec = registry.get(alg, where)
@@ -283,7 +286,7 @@ def _point_run(run_table: dict, point: dict) -> dict:
     r = dict(run_table)
     r.update({k: v for k, v in point.items() if k in ("algorithm", "passes")})   # first: they decide
     alg = r.get("algorithm")
-    own = registry.get(alg).mapping_fields if alg in [a.name for a in registry.algorithms()] else ()
+    own = registry.get(alg).mapping_fields if alg in [a.name for a in registry.algorithms(hopper=True)] else ()
     for k, v in point.items():          # the mapping fields that apply to this run's program
         if k in own:
             r[k] = v

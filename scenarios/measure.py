@@ -3,7 +3,9 @@ and write a measurement file (JSON with provenance) that `hbmsim compare` reads.
 
 emulate runs the CUDA source on the CPU (kernels/emulation.py) and records L2-side bytes only,
 labelled "emulated"; profile runs it on a GPU through CuPy (and ncu when present), labelled
-"measured". Configurations no kernel can run are listed under "skipped" with the reason.
+"measured", under a stated L2 starting state (--l2 cold|warm: the provenance's "l2" and each
+run's "l2_start"). Configurations no kernel can run are listed under "skipped" with the reason.
+profile without an experiment sweeps a block grid instead (scenarios/profile_grid.py).
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from .outputs import check_output_path, write_text_atomic
 def _kernel_plan(exp, emulated: bool) -> tuple[list, list]:
     """(cfg, RunSpec) for each configuration a real kernel can run (with `emulated`, only those
     whose kernel the CPU emulation counts), and the skipped ones with why."""
-    from hbmsim.kernels.config import KernelConfig
     from hbmsim.kernels.profile import RunSpec
+    from hbmsim.kernels.profile_grid import takes_warps
     from .runner import resolved_mapping, workload_dict
 
     plan, skipped = [], []
@@ -42,11 +44,14 @@ def _kernel_plan(exp, emulated: bool) -> tuple[list, list]:
         run = None
         if why is None:
             mp = resolved_mapping(cfg)
-            run = RunSpec(spec.kernel, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype,
-                          wl.causal, getattr(mp, "block_q", None), getattr(mp, "block_kv", None), wl.scale)
+            kernel = spec.kernel_of(mp)           # the variant's own kernel (rawkernel-tc: the tensor-core one)
+            warps = getattr(mp, "warps", None) if takes_warps(kernel) else None
+            run = RunSpec(kernel, wl.batch, wl.heads, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.dtype,
+                          wl.causal, getattr(mp, "block_q", None), getattr(mp, "block_kv", None), wl.scale,
+                          warps=warps if isinstance(warps, int) else None)
             try:
                 if run.block_q is not None:
-                    KernelConfig(wl.dtype, run.block_q, run.block_kv, wl.head_dim)
+                    run.kernel_config()
                 elif wl.dtype not in ("fp16", "fp32"):
                     raise HbmsimError(f"kernel: field 'dtype' = {wl.dtype!r} must be one of fp16, fp32")
             except HbmsimError as err:
@@ -85,6 +90,9 @@ def _run_record(cfg, run, source: str) -> dict:
     rec = {"algorithm": cfg.run.algorithm, "pass": "forward", "source": source, "workload": workload_dict(cfg.workload)}
     mp = dataclasses.asdict(cfg.mapping) if cfg.mapping is not None else {}
     rec.update({k: mp[k] for k in cfg.run.spec.match_fields if k in mp})
+    variant = cfg.run.spec.variant_modelling(run.kernel)     # what models the kernel that ran (validate reads it)
+    if variant is not None:
+        rec["variant"] = variant
     return rec
 
 
@@ -101,8 +109,9 @@ def _print_skipped(skipped: list) -> None:
 
 
 def cmd_emulate(args) -> int:
-    from hbmsim.kernels.emulation import Emulator, compiler
+    from hbmsim.kernels.emulation import compiler
     from hbmsim.kernels.profile import emulation_provenance, traffic_fields
+    from hbmsim.kernels.profile_grid import emulation_configs, emulation_of
 
     check_output_path(args.out, "--out")
     exp = prepare(load_experiment(args.experiment))
@@ -111,15 +120,13 @@ def cmd_emulate(args) -> int:
     if not plan:
         raise HbmsimError(f"emulate: {exp.path}: no configuration the emulated kernel can run (fp16/fp32, "
                           "head_dim 32/64/128, causal or no mask)")
-    emulator = Emulator({spec.kernel_config() for _, spec in plan})
+    configs = emulation_configs([spec for _, spec in plan])     # the teaching kernel's, built once
     runs = []
     for i, (cfg, spec) in enumerate(plan):
         (q, k, v), exact = _inputs(cfg.workload, args.seed)
-        r = emulator.flash_attention(q, k, v, block_q=spec.block_q, block_kv=spec.block_kv, causal=spec.causal,
-                                     scale=spec.scale)
+        o, traffic, smem = emulation_of(spec.kernel)(spec, q, k, v, configs)
         rec = _run_record(cfg, spec, "emulated")
-        rec.update(traffic_fields(r.traffic), smem_bytes_per_block=r.smem_bytes,
-                   max_abs_error=_max_error(cfg.workload, exact, r.o))
+        rec.update(traffic_fields(traffic), smem_bytes_per_block=smem, max_abs_error=_max_error(cfg.workload, exact, o))
         runs.append(rec)
         err = "n/a" if rec["max_abs_error"] is None else f"{rec['max_abs_error']:.1e}"
         print(f"[{i + 1}/{len(plan)}] {cfg.run.algorithm} {spec.dtype} N={spec.seq_len_q}x{spec.seq_len_kv} "
@@ -150,14 +157,14 @@ def cmd_profile(args) -> int:
     ncu = None if args.no_ncu else shutil.which("ncu")
     if ncu is None:
         print("ncu not on the PATH (or --no-ncu): recording CUDA-event times only, no DRAM/L2 bytes", file=sys.stderr)
-    command = ["hbmsim", "profile", args.experiment, "--out", args.out, "--warmup", str(args.warmup),
+    command = ["hbmsim", "profile", args.experiment, "--out", args.out, "--l2", args.l2, "--warmup", str(args.warmup),
                "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--no-ncu"] if args.no_ncu else [])
-    provenance = gpu_provenance(command, args.warmup, args.repeats, ncu)
+    provenance = gpu_provenance(command, args.warmup, args.repeats, ncu, l2_start=args.l2)
     runs = []
     for i, (cfg, spec) in enumerate(plan):
         (q, k, v), exact = _inputs(cfg.workload, args.seed)
         try:
-            m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu)
+            m = measure_on_gpu(spec, q, k, v, warmup=args.warmup, repeats=args.repeats, ncu=ncu, l2_start=args.l2)
         except HbmsimError as err:        # e.g. more shared memory than this GPU has: keep the others
             skipped.append({"algorithm": cfg.run.algorithm, "workload": _run_record(cfg, spec, "")["workload"],
                             "reason": str(err)})

@@ -36,7 +36,7 @@ def fmt_time(s: float) -> str:
 
 
 def _spec(r: dict):
-    names = [a.name for a in registry.algorithms()]
+    names = [a.name for a in registry.algorithms(hopper=True)]
     return registry.get(r["algorithm"]) if r.get("algorithm") in names else None
 
 
@@ -323,7 +323,7 @@ def plot_sweep(results: list[dict], path: str | Path, title: str, swept=()) -> P
     colours = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
                "tab:olive", "tab:cyan")
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
-    programs = [a.name for a in registry.algorithms()]
+    programs = [a.name for a in registry.algorithms(hopper=True)]
     panels = ((lambda r: r["hbm_read_bytes"] + r["hbm_write_bytes"]), (lambda r: r["hbm_peak_bytes"]),
               (lambda r: r["time_s"]))
     lo_x, hi_x = (pos(xs[0]), pos(xs[-1])) if xs else (0, 1)

@@ -139,7 +139,7 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     data = random_data(wl, seed) if numeric else None
     fast = fast and not numeric and trace is None and recorder is None
     result = simulate(cfg.gpu, build_program(cfg, data, fast), trace, model=model, recorder=recorder,
-                      progress=progress, fold=fast)
+                      progress=progress, fold=fast, l2_start=cfg.l2_start)
     if recorder is not None:
         recorder.host(result)                  # the host's track, from the finished run
     errors = {}

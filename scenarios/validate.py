@@ -108,7 +108,10 @@ def config_of(path: str, i: int, r: dict) -> Config:
     params = {k: r[k] for k in spec.spec.mapping_fields if r.get(k) is not None}
     spec = dataclasses.replace(spec, params=params)
     spec.spec.mapping_from(params, where)          # each recorded field checked (the variant must exist)
-    return Config(gpu, make_workload(where, w), spec, where=where)
+    l2_start = r.get("l2_start") or "cold"           # the L2 state the run was measured from (hbmsim profile --l2)
+    if l2_start not in ("cold", "warm"):
+        raise HbmsimError(f"{where}: field 'l2_start' = {l2_start!r} must be cold or warm")
+    return Config(gpu, make_workload(where, w), spec, where=where, l2_start=l2_start)
 
 
 def configs_of(path: str, runs: list, only: str | None = None, max_seq_len: int | None = None) -> list:

@@ -12,7 +12,7 @@ import simpy
 from .errors import HbmsimError
 from .results import KernelResult
 from .simpy_adapter import timers
-from .tensor import Tensor, TensorView
+from .tensor import SECTOR_BYTES, Tensor, TensorView, tile_sectors
 from .time_model import LIBRARY
 
 
@@ -68,23 +68,27 @@ class MachineContext:
     The loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
     called and return the events to wait for (none, or one), cheaper than a generator."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of", "role")
 
     def __init__(self, machine, sm: int, kernel: KernelResult, launch_state: LaunchState):
         """`machine`: the machine.Machine running the launch."""
         self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
+        self.role = None                      # the warp role whose code is running (fork), for the timeline
         self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
         # per tensor, what _issue needs of it for `self.kernel` (shared by the launch's contexts): see _tensor
         self._tensors, self._tensors_of = launch_state.tensors_of(kernel), kernel
 
-    def load(self, view: TensorView, rows: slice, cols: slice):
-        """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
-        tiles = yield from self.load_tiles((view, rows, cols))
+    def load(self, view: TensorView, rows: slice, cols: slice, access=None):
+        """Move one tile from global memory into SRAM; returns it (None in count-only mode).
+        `access`: how the kernel's threads read it (tensor.py: COALESCED, Strided, PER_THREAD_ROW),
+        counted in the 32-byte sectors it touches; None: the tile's own bytes."""
+        tiles = yield from self.load_tiles((view, rows, cols) if access is None else (view, rows, cols, access))
         return tiles[0]
 
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
-        for all of them. Each tile is (view, rows, cols); returns the list of tiles.
+        for all of them. Each tile is (view, rows, cols) or (view, rows, cols, access); returns
+        the list of tiles.
         (prefetch + wait, written out: this is the hottest call.)"""
         ev, l2_done_s = self._issue(tiles, False)
         if ev is not None:
@@ -98,7 +102,7 @@ class MachineContext:
         """The loaded tiles' values (copies), or Nones in count-only runs."""
         if not self._launch.with_data:           # count-only: none of the tensors has data
             return [None] * len(tiles)
-        return [None if v.tensor.data is None else v.tensor.data[v.group, r, c].copy() for v, r, c in tiles]
+        return [None if t[0].tensor.data is None else t[0].tensor.data[t[0].group, t[1], t[2]].copy() for t in tiles]
 
     def prefetch(self, *tiles):
         """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
@@ -115,17 +119,18 @@ class MachineContext:
             yield self._after(l2_done_s - now)
         return self._values(tiles)
 
-    def store(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
-        """Write one tile back to global memory (value is ignored in count-only mode)."""
-        return self.store_tiles((view, rows, cols, value))
+    def store(self, view: TensorView, rows: slice, cols: slice, value=None, access=None) -> tuple:
+        """Write one tile back to global memory (value is ignored in count-only mode); `access`
+        as for `load`."""
+        return self.store_tiles((view, rows, cols, value) if access is None else (view, rows, cols, value, access))
 
     def store_tiles(self, *tiles) -> tuple:
-        """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
+        """Issue several tile stores at once; each is (view, rows, cols, value[, access]). Like a GPU's
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
         all of them have drained. (Nothing to wait for: returns no events.)"""
-        for view, rows, cols, value in tiles:
-            if view.tensor.data is not None:
-                self._write(view, rows, cols, value, "store to")
+        for tile in tiles:
+            if tile[0].tensor.data is not None:
+                self._write(tile[0], tile[1], tile[2], tile[3], "store to")
         self._launch.track_store(*self._issue(tiles, True))
         return ()
 
@@ -159,7 +164,10 @@ class MachineContext:
 
         The simulator's hot loop, in one piece (a call per issue costs a percent of a run): per
         tile, check bounds, count the bytes against the tensor (L2-side, and DRAM when it misses
-        the L2 or there is no L2), apply the L2's policy (l2.py) and credit what it writes back."""
+        the L2 or there is no L2), apply the L2's policy (l2.py) and credit what it writes back.
+        A tile's bytes are its elements' bytes; a tile that names an access pattern (its optional
+        last element, after the value for a store: tensor.py's COALESCED, Strided, PER_THREAD_ROW)
+        counts the 32-byte sectors that pattern touches instead (tensor.tile_sectors)."""
         kernel = self.kernel
         if kernel is not self._tensors_of:        # the worker switched records (fold.py)
             self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
@@ -170,6 +178,7 @@ class MachineContext:
             l2_access, written_back = l2.access, l2.written_back
         trace, t_prev = m.trace, None
         hbm_bytes = l2_bytes = writeback_bytes = 0
+        plain = 4 if write else 3                      # a tile with more elements names its access pattern
         for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
             for tile in tiles:
                 view, rows, cols = tile[0], tile[1], tile[2]
@@ -180,7 +189,10 @@ class MachineContext:
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
-                nbytes = (r1 - r0) * (c1 - c0) * itemsize
+                if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
+                    nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1, tile[plain])
+                else:                                  # the bytes requested
+                    nbytes = (r1 - r0) * (c1 - c0) * itemsize
                 if w:
                     traffic.write += nbytes
                 else:
@@ -234,13 +246,14 @@ class MachineContext:
     def _record(self, tiles, write: bool, hbm_ev, hbm_bytes: int, l2_bytes: int, l2_done_s: float) -> None:
         """One transfer for the timeline: from now until its DRAM part and its L2 part are served."""
         m, rec = self._m, self._m.recorder
-        start_s, sm, kernel, block = m.env.now, self.sm, self.kernel.name, self.block
+        start_s, sm, kernel, block, role = m.env.now, self.sm, self.kernel.name, self.block, self.role
         what = ("store " if write else "load ") + " ".join(dict.fromkeys(t[0].tensor.name for t in tiles))
         if hbm_ev is None:
-            rec.transfer(sm, kernel, block, what, start_s, max(start_s, l2_done_s), 0, l2_bytes)
+            rec.transfer(sm, kernel, block, what, start_s, max(start_s, l2_done_s), 0, l2_bytes, role=role)
         else:
             hbm_ev.callbacks.append(lambda _ev: rec.transfer(sm, kernel, block, what, start_s,
-                                                             max(m.env.now, l2_done_s), hbm_bytes, l2_bytes))
+                                                             max(m.env.now, l2_done_s), hbm_bytes, l2_bytes,
+                                                             role=role))
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0) -> tuple:
         """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the
@@ -250,6 +263,36 @@ class MachineContext:
         done_s = m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
         now = m.env._now
         return (self._after(done_s - now),) if done_s > now else ()
+
+    def fork(self, role, name: str | None = None):
+        """Run the generator `role` (a warp role of this block: a producer warp, a consumer
+        warpgroup, called `name` on the timeline) concurrently with the caller, on this block's SM
+        with this context's calls. Returns an event that fires when it ends (`yield` it to join)."""
+        if name is not None and self._m.recorder is not None:
+            role = self._named(role, name)
+        return self._m.env.process(role)
+
+    def _named(self, role, name: str):
+        """`role`, with `self.role` = name while its code runs (SimPy runs one generator at a time,
+        so the machine's records of its calls name the role that made them)."""
+        value, error = None, None
+        while True:
+            self.role = name
+            try:
+                event = role.throw(error) if error is not None else role.send(value)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self.role = None
+            try:
+                value, error = (yield event), None
+            except BaseException as exc:     # a failed event: the role gets its exception
+                value, error = None, exc
+
+    def event(self):
+        """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
+        `yield` it to wait, `.succeed()` it to release the waiters."""
+        return self._m.env.event()
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
@@ -266,5 +309,5 @@ class MachineContext:
         now = done_s = m.env._now
         for ph in phases:
             done_s = m.compute(self, int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
-                               int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0)))
+                               int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0)), done_s)
         return (self._after(done_s - now),) if done_s > now else ()

@@ -17,12 +17,13 @@ from .errors import HbmsimError
 
 # Fields that must be whole numbers (sizes and counts).
 INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm",
-              "registers_per_sm")
+              "registers_per_sm", "has_wgmma")
 # Fields that may be zero: no L2 modelled.
 # Fields that may be zero: no L2 modelled; a rate of the time model (time_model.py) the preset
 # does not give, which switches that effect off for this GPU.
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
-                  "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial")
+                  "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
+                   "fp8_matmul_flops_per_s", "has_wgmma")
 # Fractions of a peak: at most 1.
 FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
                    "mma_sync_operands_serial")
@@ -52,6 +53,11 @@ class GPU:
     # 1: an mma.sync kernel's shared-memory operand reads (ldmatrix) and its mma.sync run one after
     # the other (measured on H100); 0: pipelined under the tensor cores
     mma_sync_operands_serial: float = 0.0
+    # FP8 (e4m3) tensor-core peak, dense, whole GPU; 0 = no FP8 tensor cores (FP8 runs at the fp16 rate)
+    fp8_matmul_flops_per_s: float = 0.0
+    # 1: the SMs have Hopper's TMA copy engine and warpgroup MMA (wgmma), which FlashAttention-3
+    # needs (compute capability 9.0); 0: they do not (flash3 is refused)
+    has_wgmma: int = 0
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -80,6 +86,8 @@ class GPU:
             if getattr(self, f) > 1:
                 raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 "
                                   "(a fraction of a peak)")
+        if self.has_wgmma not in (0, 1):
+            raise HbmsimError(f"{where}: field 'has_wgmma' = {self.has_wgmma!r} must be 0 or 1")
         if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:
             raise HbmsimError(f"{where}: field 'l2_bytes_per_s' = {self.l2_bytes_per_s!r} "
                               "must be > 0 when l2_bytes > 0")
@@ -87,7 +95,7 @@ class GPU:
             object.__setattr__(self, f, int(getattr(self, f)))
 
     # Whole-GPU compute rates: these grow with the number of SMs (per-SM rates are fixed by the SM design).
-    SM_RATES = ("matmul_flops_per_s", "vector_flops_per_s")
+    SM_RATES = ("matmul_flops_per_s", "vector_flops_per_s", "fp8_matmul_flops_per_s")
 
     def with_sms(self, sm_count: int) -> "GPU":
         """The same GPU with more or fewer SMs of the same kind (per-SM rates unchanged)."""

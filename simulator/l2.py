@@ -13,6 +13,13 @@ The policy (`access`, one call per tile request):
   HBM write of its bytes; the tile becomes a line, dirty for a store (a store allocates);
 - a tile larger than the whole cache streams through: a load reads HBM, a store writes it now.
 Dirty lines still resident when the program ends are written back then (`flush`).
+
+Starting state (`warm`): a program may start with whole tensors resident, as the copy that made
+its inputs left them. Each is one clean "warm" line of its bytes (the last one warmed the most
+recent; one larger than the L2 keeps the L2's worth). A request for a tile of a warm tensor that
+misses is served by the L2 (a hit, no DRAM read): the tile becomes a line of its own and the warm
+line shrinks by its bytes, so the L2 holds the same bytes. A warm line evicted (least recently
+used) takes the rest of its tensor out of the L2: later first touches read DRAM.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from collections import OrderedDict
 
 
 class L2Cache:
-    __slots__ = ("capacity_bytes", "used_bytes", "inserted_bytes", "lines", "written_back")
+    __slots__ = ("capacity_bytes", "used_bytes", "inserted_bytes", "lines", "written_back", "warm_lines")
 
     def __init__(self, capacity_bytes: int):
         self.capacity_bytes = int(capacity_bytes)
@@ -31,6 +38,7 @@ class L2Cache:
         # (owner, nbytes) of the dirty bytes sent to HBM since the caller last emptied it: lines
         # evicted dirty, and stores larger than the cache
         self.written_back: list = []
+        self.warm_lines = 0            # at least the warm lines still resident (0: no miss looks for one)
 
     def access(self, key, nbytes: int, write: bool, owner) -> bool:
         """One request for tile `key` of `nbytes` bytes, a store if `write`, on behalf of `owner`.
@@ -45,6 +53,9 @@ class L2Cache:
                 line[2] = owner
             return False
         capacity = self.capacity_bytes
+        if self.warm_lines and self._from_warm(key[0], nbytes):      # a warm tensor's first touch: a hit
+            lines[key] = [nbytes, write, owner]
+            return False
         if nbytes > capacity:               # larger than the L2: streams through
             if write:                       # (a store goes to HBM now, as a write-back)
                 self.written_back.append((owner, nbytes))
@@ -62,6 +73,48 @@ class L2Cache:
         lines[key] = [nbytes, write, owner]
         self.inserted_bytes += nbytes
         return not write
+
+    def warm(self, uid, nbytes: int, owner) -> None:
+        """Tensor `uid` (its `nbytes`) starts resident, clean, the most recent line; the least
+        recent lines make room (one larger than the L2 keeps capacity_bytes of it)."""
+        nbytes = min(int(nbytes), self.capacity_bytes)
+        used = self.used_bytes + nbytes
+        while used > self.capacity_bytes:
+            old_key, (old_bytes, dirty, old_owner) = self.lines.popitem(False)
+            used -= old_bytes
+            if dirty:
+                self.written_back.append((old_owner, old_bytes))
+            if isinstance(old_key, tuple) and old_key[0] == "warm":
+                self.warm_lines -= 1
+        self.used_bytes = used
+        self.lines[("warm", uid)] = [nbytes, False, owner]
+        self.warm_lines += 1
+
+    def _from_warm(self, uid, nbytes: int) -> bool:
+        """Whether a tile of tensor `uid` that missed is still in the L2 as part of its warm line:
+        if so, the warm line gives up the tile's bytes (it is dropped when it has none left)."""
+        key = ("warm", uid)
+        line = self.lines.get(key)
+        if line is None:
+            return False
+        if line[0] > nbytes:
+            line[0] -= nbytes
+            self.used_bytes -= nbytes        # (the tile's own line adds them back)
+        else:
+            self.used_bytes -= line[0]
+            del self.lines[key]
+            self.warm_lines -= 1
+        used = self.used_bytes + nbytes
+        while used > self.capacity_bytes:    # the tile was larger than what was left of its warm line
+            old_key, (old_bytes, dirty, old_owner) = self.lines.popitem(False)
+            used -= old_bytes
+            if dirty:
+                self.written_back.append((old_owner, old_bytes))
+            if isinstance(old_key, tuple) and old_key[0] == "warm":
+                self.warm_lines -= 1
+        self.used_bytes = used
+        self.inserted_bytes += nbytes
+        return True
 
     def flush(self) -> list:
         """Write back every dirty line (end of program): its (owner, nbytes); lines stay, clean."""

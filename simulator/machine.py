@@ -3,10 +3,13 @@ A block's calls reach the machine through its context (context.py).
 
 - HBM: one SharedPool (bytes/s, fair share among transfers in flight) plus a fixed latency.
 - L2 (when l2_bytes > 0): a tile-granular write-back LRU; hits are served by an L2 FifoPipe.
-- Each SM: one FifoPipe of compute time. A `compute` call occupies it for as long as the time
+- Each SM: one FifoPipe of compute time; a `compute` call occupies it for as long as the time
   model (time_model.py) says: its tensor-core, vector, SFU and SRAM-read times at the SM's
   rates, added where they depend on each other and overlapped where they do not; the blocks
-  resident on the SM take turns in issue order.
+  resident on the SM take turns in issue order. For kernels built on Hopper's asynchronous
+  `wgmma` (time_model.py: sm_pipes), the SM's tensor pipe and its vector (FP32/SFU) pipe are
+  two FifoPipes: a call's GEMM occupies the first and its softmax the second, so one warp
+  role's softmax runs under another's GEMM as the kernel's schedule lets it.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
   robin over the SMs, then each freed slot takes the next block, like the hardware scheduler.
   Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block, and with the `registers`
@@ -33,14 +36,15 @@ from .program import Launch, Program
 from .results import KernelResult, SimResult
 from .simpy_adapter import Inline, events_scheduled
 from .host import DEFAULT_HOST
-from .time_model import TENSOR_OPS, SmRates, TimeModel, hbm_rate
+from .time_model import TENSOR_OPS, WGMMA, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
     def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
                  listener: Callable | None = None, recorder=None, progress: Callable | None = None,
-                 fold: bool = False):
+                 fold: bool = False, l2_start="cold"):
         self.gpu = gpu
+        self.l2_start = check_l2_start(l2_start)    # what the L2 holds when the program starts (_warm_l2)
         # fold.py: launches that declare a period are simulated until steady, the rest extrapolated;
         # never while someone watches every step (trace, listener, timeline)
         self.fold = fold and trace is None and listener is None and recorder is None
@@ -54,34 +58,58 @@ class Machine:
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
         self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
+        # each SM's compute: its tensor pipe (the only one with sm_pipes off) and its vector (FP32/SFU) pipe
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
+        self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]
         self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
     def compute(self, ctx: MachineContext, matmul_flops: int, vector_flops: int, sram_bytes: int,
-                exp_ops: int) -> float:
+                exp_ops: int, after_s: float = 0.0) -> float:
+        """Occupy ctx's SM with one compute call, starting no earlier than `after_s` (the phase it
+        depends on, in compute_chain); returns when it is done."""
+        k = self.count_compute(ctx, matmul_flops, vector_flops, sram_bytes, exp_ops)
+        if self.trace is not None:
+            self.trace(self.env.now, ctx.sm, k.name, ctx.block,
+                       f"compute matmul {matmul_flops} flop, vector {vector_flops} flop ({exp_ops} exp), "
+                       f"SRAM reads {sram_bytes} B")
+        rates = self.rates
+        tensor_op = ctx._launch.tensor_op
+        tensor_s, vector_s = rates.compute_s(tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        sm = ctx.sm
+        try:
+            if rates.pipes and tensor_op == WGMMA:
+                # sm_pipes: an asynchronous wgmma kernel's GEMM on the tensor pipe, then (if its
+                # softmax needs the GEMM) its vector work on the vector pipe
+                tensor_done_s = self.sms[sm].reserve(tensor_s, after_s) if tensor_s else max(self.env._now, after_s)
+                vector_done_s = self.vector_pipes[sm].reserve(vector_s, tensor_done_s if rates.serial else after_s) \
+                    if vector_s else tensor_done_s
+                done_s = vector_done_s if vector_done_s > tensor_done_s else tensor_done_s
+                work_s = tensor_s + vector_s if rates.serial else max(tensor_s, vector_s)
+            else:
+                work_s = rates.call_s(tensor_s, vector_s)
+                done_s = self.sms[sm].reserve(work_s, after_s)      # when this SM's pipe will have done it
+            if self.recorder is not None:
+                self.recorder.compute(sm, k.name, ctx.block, done_s - work_s, done_s,
+                                      {"matmul_flops": matmul_flops, "vector_flops": vector_flops, "exp_ops": exp_ops,
+                                       "sram_bytes": sram_bytes}, role=ctx.role)
+            return done_s
+        except HbmsimError:                              # the pipe's clock left the float range
+            self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
+                           f"flop and {sram_bytes} SRAM bytes")
+
+    @staticmethod
+    def count_compute(ctx: MachineContext, matmul_flops: int, vector_flops: int, sram_bytes: int,
+                      exp_ops: int) -> KernelResult:
+        """A compute call's counts, into the record ctx counts into (returned); no time."""
         k = ctx.kernel
         k.matmul_flops += matmul_flops
         k.vector_flops += vector_flops
         k.exp_ops += exp_ops
         k.sram_read_bytes += sram_bytes
-        if self.trace is not None:
-            self.trace(self.env.now, ctx.sm, k.name, ctx.block,
-                       f"compute matmul {matmul_flops} flop, vector {vector_flops} flop ({exp_ops} exp), "
-                       f"SRAM reads {sram_bytes} B")
-        work_s = self.rates.compute_s(ctx._launch.tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
-        try:
-            done_s = self.sms[ctx.sm].reserve(work_s)      # when this SM's pipe will have done it
-            if self.recorder is not None:
-                self.recorder.compute(ctx.sm, k.name, ctx.block, done_s - work_s, done_s,
-                                      {"matmul_flops": matmul_flops, "vector_flops": vector_flops, "exp_ops": exp_ops,
-                                       "sram_bytes": sram_bytes})
-            return done_s
-        except HbmsimError:                              # the pipe's clock left the float range
-            self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
-                           f"flop and {sram_bytes} SRAM bytes")
+        return k
 
     def _too_slow(self, what: str):
         g = self.gpu
@@ -128,7 +156,7 @@ class Machine:
 
     def _busy(self) -> tuple[float, list]:
         self.hbm._advance(self.env.now)
-        return self.hbm.busy_s, [p.busy_s for p in self.sms]
+        return self.hbm.busy_s, [max(t.busy_s, v.busy_s) for t, v in zip(self.sms, self.vector_pipes)]
 
     def _run_launch(self, launch: Launch):
         env = self.env
@@ -220,9 +248,25 @@ class Machine:
 
     def _main(self, program: Program):
         self._alloc(program.inputs)
+        self._warm_l2(program)
         for launch in program.launches:
             yield from self._run_launch(launch)
         yield from self._flush_l2()
+
+    def _warm_l2(self, program: Program) -> None:
+        """A warm start: the inputs named by l2_start ("warm": all of them) are L2 lines before the
+        first launch, clean, in input order (the last copied the most recent): l2.py's `warm`."""
+        if self.l2 is None or self.l2_start == "cold":
+            return
+        names = {t.name for t in program.inputs}
+        wanted = names if self.l2_start == "warm" else set(self.l2_start)
+        if not wanted <= names:
+            raise HbmsimError(f"l2_start: {', '.join(sorted(wanted - names))} not an input of program {program.name} "
+                              f"(inputs: {', '.join(sorted(names))})")
+        pass_name = program.launches[0].pass_name if program.launches else "forward"
+        for t in program.inputs:
+            if t.name in wanted:
+                self.l2.warm(t.uid, t.nbytes, (t.name, pass_name))
 
     def run(self, program: Program, max_events: int | None = None) -> SimResult:
         """Simulate `program`. `max_events` (tests of liveness) turns a run that would take more
@@ -260,6 +304,20 @@ class Machine:
             env.step()
         if env.peek() != math.inf:
             raise HbmsimError(f"program {program.name}: not finished after {max_events} SimPy events")
+
+
+L2_STARTS = ("cold", "warm")
+
+
+def check_l2_start(l2_start):
+    """"cold", "warm", or a tuple of input names (a warm start with only those resident)."""
+    if isinstance(l2_start, str):
+        if l2_start not in L2_STARTS:
+            raise HbmsimError(f"l2_start = {l2_start!r} must be one of {', '.join(L2_STARTS)} (or input names)")
+        return l2_start
+    if not l2_start or not all(isinstance(n, str) for n in l2_start):
+        raise HbmsimError(f"l2_start = {l2_start!r} must be one of {', '.join(L2_STARTS)} or a list of input names")
+    return tuple(l2_start)
 
 
 def program_footprint_bytes(program: Program) -> int:
@@ -302,10 +360,12 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
              model: TimeModel | None = None, listener: Callable | None = None, recorder=None,
-             progress: Callable | None = None, fold: bool = False) -> SimResult:
+             progress: Callable | None = None, fold: bool = False, l2_start="cold") -> SimResult:
     """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
     `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations;
     `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace;
     `progress(blocks_done, blocks_total)` is called after every block; `fold`: launches that
-    declare a period may be folded once steady (fold.py: the result says how much was simulated)."""
-    return Machine(gpu, trace, model, listener, recorder, progress, fold).run(program, max_events)
+    declare a period may be folded once steady (fold.py: the result says how much was simulated);
+    `l2_start`: "cold" (an empty L2), "warm" (the program's inputs resident, as the copies that made
+    them left them) or the names of the inputs resident (machine.check_l2_start)."""
+    return Machine(gpu, trace, model, listener, recorder, progress, fold, l2_start).run(program, max_events)

@@ -3,8 +3,8 @@
 A Program is a list of kernel Launches run in order. A Launch has a grid of thread blocks, the
 SRAM one block needs, and a block function: a generator run once per block against a
 BlockContext, whose calls (`load`, `load_tiles`, `prefetch`/`wait`, `store`, `store_tiles`,
-`atomic_add`, `compute`, `compute_chain`, `note`) move tiles and use the SM. Every byte a result
-reports was counted by those calls.
+`atomic_add`, `compute`, `compute_chain`, `fork`, `event`, `note`) move tiles and use the SM.
+Every byte a result reports was counted by those calls.
 
 This module is the interface a program's author sees, and knows nothing of the engine: the
 engine (machine.py) runs programs, and its context (context.py) is what a block's calls reach.
@@ -62,12 +62,15 @@ class BlockContext(Protocol):
     sm: int          # the SM the block runs on
     block: int       # the block's index in its launch's grid
 
-    def load(self, view: TensorView, rows: slice, cols: slice):
-        """Move one tile from global memory into SRAM; returns it (None in count-only mode)."""
+    def load(self, view: TensorView, rows: slice, cols: slice, access=None):
+        """Move one tile from global memory into SRAM; returns it (None in count-only mode).
+        `access`: how the kernel's threads read it (tensor.py: COALESCED, Strided, PER_THREAD_ROW),
+        counted in the 32-byte sectors it touches; None: the tile's own bytes."""
 
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
-        for all of them. Each tile is (view, rows, cols); returns the list of tiles."""
+        for all of them. Each tile is (view, rows, cols) or (view, rows, cols, access); returns
+        the list of tiles."""
 
     def prefetch(self, *tiles):
         """Start loading tiles without waiting (cp.async): returns a handle for `wait`. The
@@ -76,11 +79,12 @@ class BlockContext(Protocol):
     def wait(self, handle):
         """Wait for a prefetch to land (cp.async.wait_group); returns its tiles."""
 
-    def store(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
-        """Write one tile back to global memory (value is ignored in count-only mode)."""
+    def store(self, view: TensorView, rows: slice, cols: slice, value=None, access=None) -> tuple:
+        """Write one tile back to global memory (value is ignored in count-only mode); `access`
+        as for `load`."""
 
     def store_tiles(self, *tiles) -> tuple:
-        """Issue several tile stores at once; each is (view, rows, cols, value). Like a GPU's
+        """Issue several tile stores at once; each is (view, rows, cols, value[, access]). Like a GPU's
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
         all of them have drained. (Nothing to wait for: returns no events.)"""
 
@@ -96,6 +100,15 @@ class BlockContext(Protocol):
     def compute_chain(self, *phases: dict) -> tuple:
         """Several compute calls that depend on each other (each a dict of `compute`'s arguments),
         run back to back on this SM: the same time as calling `compute` for each, in one event."""
+
+    def fork(self, role, name: str | None = None):
+        """Run the generator `role` (a warp role of this block: a producer warp, a consumer
+        warpgroup, called `name` on the timeline) concurrently with the caller, on this block's SM
+        with this context's calls. Returns an event that fires when it ends (`yield` it to join)."""
+
+    def event(self):
+        """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
+        `yield` it to wait, `.succeed()` it to release the waiters."""
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:

@@ -187,9 +187,12 @@ class FifoPipe:
         self.busy_s = 0.0
         self.served = 0.0
 
-    def reserve(self, amount: float) -> float:
-        """Queue a request without an event of its own; returns when it will be served."""
+    def reserve(self, amount: float, not_before_s: float = 0.0) -> float:
+        """Queue a request without an event of its own; returns when it will be served. It starts
+        when the pipe is free, now, or at `not_before_s` (what it depends on), whichever is last."""
         now = self.env._now
+        if not_before_s > now:
+            now = not_before_s
         service_s = amount / self.rate_per_s
         free_at_s = self._free_at_s
         free_at_s = (free_at_s if free_at_s > now else now) + service_s     # starts when free, or now

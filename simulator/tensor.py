@@ -14,6 +14,11 @@ from .errors import HbmsimError
 
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int32": 4, "bool": 1}
 _ids = itertools.count()
+# The unit the L2 and DRAM move and count: a 32-byte sector (CUDA C++ Best Practices Guide,
+# "Coalesced Access to Global Memory": a warp's accesses are served by 32-byte transactions;
+# Nsight Compute's lts__t_sectors_* and dram__sectors_* count them).
+SECTOR_BYTES = 32
+WARP_THREADS = 32
 
 
 class Tensor:
@@ -58,3 +63,106 @@ class TensorView:
 
     def __init__(self, tensor: Tensor, group: int):
         self.tensor, self.group = tensor, group
+
+
+# ---- sectors: what an access pattern touches -----------------------------------------------
+# A tensor lives row-major as (groups, rows, cols), its base 256-byte aligned (cudaMalloc's
+# alignment, CUDA C++ Programming Guide, "Device Memory Accesses"), so element (g, r, c) is at
+# byte ((g * rows + r) * cols + c) * itemsize from a sector boundary.
+
+class Strided:
+    """How a kernel with `threads` threads copies a tile element by element: the tile's elements,
+    row-major, handed out as `for (e = tid; e < n; e += threads)` (the teaching kernel's
+    load_tile / store_tile, kernels/flash_attention.cu). Each warp instruction touches the
+    sectors of its (up to 32) consecutive elements; with `threads` a multiple of 32 and the
+    tile starting on a sector, that is the coalesced tile."""
+    __slots__ = ("threads",)
+
+    def __init__(self, threads: int):
+        if threads < 1:
+            raise HbmsimError(f"Strided access: threads = {threads} must be >= 1")
+        self.threads = int(threads)
+
+    def __repr__(self) -> str:
+        return f"Strided({self.threads})"
+
+
+class Coalesced:
+    """A coalesced tile: per row, the sectors its bytes span (whole rows: one contiguous span)."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "COALESCED"
+
+
+COALESCED = Coalesced()
+
+
+class PerThreadRow:
+    """One thread per row of the tile, writing (or reading) its row element by element: each
+    warp instruction touches, for each of its 32 rows, the sector holding that row's element."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PerThreadRow()"
+
+
+PER_THREAD_ROW = PerThreadRow()
+
+
+def _span_sectors(start: int, end: int) -> int:
+    """Sectors the bytes [start, end) touch."""
+    return ((end + SECTOR_BYTES - 1) // SECTOR_BYTES - start // SECTOR_BYTES) if end > start else 0
+
+
+def tile_sectors(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: int, c1: int, access=None) -> int:
+    """32-byte sectors that tile [group, r0:r1, c0:c1] of a tensor of `shape` touches under
+    `access` (COALESCED or None: per row, the sectors its bytes span, one contiguous span for
+    whole rows; Strided; PER_THREAD_ROW). The simulator's counters (for tiles that name an access
+    pattern) and the closed forms both call this."""
+    _, n_rows, n_cols = shape
+    e = itemsize
+    row_bytes = n_cols * e
+    row0 = (group * n_rows + r0) * row_bytes             # byte offset of the tile's first row
+    whole = c0 == 0 and c1 == n_cols
+    if access is None or access is COALESCED:
+        if whole:
+            return _span_sectors(row0, row0 + (r1 - r0) * row_bytes)
+        if row_bytes % SECTOR_BYTES == 0:                # every row alike
+            return (r1 - r0) * _span_sectors(c0 * e, c1 * e)
+        return sum(_span_sectors(row0 + i * row_bytes + c0 * e, row0 + i * row_bytes + c1 * e)
+                   for i in range(r1 - r0))
+    width = c1 - c0
+
+    def addr(k):                                         # byte offset of the tile's k-th element
+        return row0 + (k // width) * row_bytes + (c0 + k % width) * e
+
+    if isinstance(access, Strided):
+        t, n = access.threads, (r1 - r0) * width
+        if whole and t % WARP_THREADS == 0 and row0 % SECTOR_BYTES == 0:
+            return _span_sectors(row0, row0 + n * e)     # aligned warps over one span: coalesced
+        total = 0
+        for base in range(0, n, t):                      # one pass of the block's threads
+            for w0 in range(base, min(n, base + t), WARP_THREADS):     # one warp instruction
+                w1 = min(n, base + t, w0 + WARP_THREADS)
+                if whole:
+                    total += _span_sectors(addr(w0), addr(w0) + (w1 - w0) * e)
+                else:
+                    total += len({a // SECTOR_BYTES for k in range(w0, w1) for a in (addr(k), addr(k) + e - 1)})
+        return total
+    if isinstance(access, PerThreadRow):
+        if row_bytes >= SECTOR_BYTES and SECTOR_BYTES % e == 0:     # rows never share a sector
+            return (r1 - r0) * width
+        total = 0
+        for w0 in range(r0, r1, WARP_THREADS):           # each warp, each column: one instruction
+            rows = range(w0, min(r1, w0 + WARP_THREADS))
+            for c in range(c0, c1):
+                total += len({((group * n_rows + r) * n_cols + c) * e // SECTOR_BYTES for r in rows})
+        return total
+    raise HbmsimError(f"access pattern {access!r} unknown (known: COALESCED, Strided(threads), PER_THREAD_ROW)")
+
+
+def tile_sector_bytes(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: int, c1: int,
+                      access=None) -> int:
+    """tile_sectors in bytes: what the L2 and DRAM move for the tile."""
+    return SECTOR_BYTES * tile_sectors(shape, itemsize, group, r0, r1, c0, c1, access)

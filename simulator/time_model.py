@@ -42,7 +42,19 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   H100 or A100 SM holds 2 forward blocks (4 warps each) and 1 backward block (8 warps), fewer
   than shared memory alone allows. Fewer resident blocks leave less of one block's softmax to
   run under another's GEMMs (machine.py: slots per SM).
-
+- sm_pipes: for kernels built on Hopper's asynchronous `wgmma` (Launch.tensor_op = "wgmma":
+  FlashAttention-3), an SM's tensor cores and its FP32/SFU lanes are separate pipes. A compute
+  call occupies the tensor pipe for its GEMM and then, where its softmax depends on that GEMM
+  (serial_softmax), the vector pipe for its vector/SFU time; another warp role's GEMM runs on
+  the tensor pipe meanwhile (wgmma.mma_async returns before the tensor core is done: PTX ISA,
+  "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"; FlashAttention-3 paper, section
+  3.1: ping-pong puts one warpgroup's softmax under the other's GEMMs). Synchronous mma.sync
+  kernels keep one pipe per SM: Nsight Compute on H100 (scenarios/measured/h100-ncu-kernels.json)
+  shows FA2's forward and backward with their tensor (hmma), shared-memory and XU pipes busy
+  for 118-125% of the kernel time together: two resident blocks overlap one's softmax with the
+  other's GEMMs for only about a fifth of the time, far from the free overlap two pipes would
+  give (tried: FA2's H100 forward then predicted 13% too fast at N >= 1024, from 13% too slow).
+  Off: one pipe for every kernel.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -60,8 +72,15 @@ from dataclasses import dataclass
 
 from .errors import HbmsimError
 
-MMA_SYNC, LIBRARY = "mma.sync", "library"     # Launch.tensor_op: what drives the tensor cores
-TENSOR_OPS = (MMA_SYNC, LIBRARY)
+# Launch.tensor_op: what drives the tensor cores. "wgmma": Hopper's warpgroup-level instruction, the
+# one library GEMMs and FlashAttention-3 use (its operand B straight from shared memory): the GPU's
+# best instruction, at the library rate, operand reads overlapped.
+MMA_SYNC, LIBRARY, WGMMA = "mma.sync", "library", "wgmma"
+# "wgmma.fp8": wgmma on e4m3 operands (FlashAttention-3's FP8 forward), at the preset's FP8 peak
+# (fp8_matmul_flops_per_s, twice the fp16 one on Hopper) times the same achievable fraction; a GPU
+# without an FP8 peak runs it at the fp16 rate
+WGMMA_FP8 = "wgmma.fp8"
+TENSOR_OPS = (MMA_SYNC, LIBRARY, WGMMA, WGMMA_FP8)
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ class TimeModel:
     serial_softmax: bool = True
     registers: bool = True
     mma_operands: bool = True
+    sm_pipes: bool = True
     host: bool = True
 
     @staticmethod
@@ -105,7 +125,8 @@ def hbm_rate(gpu, model: TimeModel) -> float:
 class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
-    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "_known")
+    __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "pipes",
+                 "_known")
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
     def __init__(self, gpu, model: TimeModel):
@@ -118,7 +139,10 @@ class SmRates:
         achievable = gpu.tensor_achievable_fraction if model.achievable_tensor and gpu.tensor_achievable_fraction > 0 \
             else 1.0
         mma_sync = gpu.mma_sync_fraction if model.mma_sync and gpu.mma_sync_fraction > 0 else 1.0
-        self.s_per_flop = {LIBRARY: sms / (peak * achievable), MMA_SYNC: sms / (peak * min(achievable, mma_sync))}
+        fp8_peak = getattr(gpu, "fp8_matmul_flops_per_s", 0.0) or peak
+        self.s_per_flop = {LIBRARY: sms / (peak * achievable), WGMMA: sms / (peak * achievable),
+                           WGMMA_FP8: sms / (fp8_peak * achievable),
+                           MMA_SYNC: sms / (peak * min(achievable, mma_sync))}
         # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
         self.s_per_vec_op = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
         # SFU: 0 means exp is an ordinary vector operation (the effect off or no rate given)
@@ -126,14 +150,16 @@ class SmRates:
         self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
         self.s_per_sram_byte = 1.0 / gpu.sram_bytes_per_s_per_sm
         self.serial = model.serial_softmax
+        self.pipes = model.sm_pipes           # tensor and vector pipes apart (machine.py keeps two per SM)
         self.operands_add = (model.mma_operands and model.mma_sync and gpu.mma_sync_fraction > 0
                              and gpu.mma_sync_operands_serial > 0)
         self._known: dict = {}    # compute_s's arguments -> its result
 
     def compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
-                  sram_bytes: int) -> float:
-        """How long one compute call of a kernel whose tensor cores run `tensor_op` keeps its SM
-        busy (remembered: the same call, the same time)."""
+                  sram_bytes: int) -> tuple:
+        """(tensor-pipe s, vector-pipe s) that one compute call of a kernel whose tensor cores run
+        `tensor_op` takes on its SM (remembered: the same call, the same times). How the two
+        combine is the machine's (sm_pipes) or `call_s`."""
         args = (tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
         work_s = self._known.get(args)
         if work_s is None:
@@ -142,8 +168,13 @@ class SmRates:
             work_s = self._known[args] = self._compute_s(*args)
         return work_s
 
+    def call_s(self, tensor_s: float, vector_s: float) -> float:
+        """One call's time on an SM with one pipe (sm_pipes off): its parts added where the
+        softmax depends on the GEMM (serial_softmax), overlapped otherwise."""
+        return tensor_s + vector_s if self.serial else max(tensor_s, vector_s)
+
     def _compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
-                   sram_bytes: int) -> float:
+                   sram_bytes: int) -> tuple:
         mma_s, sram_s = matmul_flops * self.s_per_flop[tensor_op], sram_bytes * self.s_per_sram_byte
         if self.operands_add and tensor_op == MMA_SYNC:
             tensor_s = mma_s + sram_s       # mma_operands: ldmatrix and mma.sync, one after the other
@@ -153,4 +184,4 @@ class SmRates:
             vector_s = max(max(vector_flops - exp_ops, 0) * self.s_per_vec_op, exp_ops * self.s_per_exp)
         else:
             vector_s = vector_flops * self.s_per_vec_op
-        return tensor_s + vector_s if self.serial else max(tensor_s, vector_s)
+        return tensor_s, vector_s

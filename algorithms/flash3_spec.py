@@ -1,0 +1,192 @@
+"""FlashAttention-3 as a registered program: its mapping ("auto" = the tiles and stages the FA3
+kernel picks on sm90), how it is resolved for a GPU (refused without TMA/wgmma), its build, its
+closed forms and its AlgorithmSpec.
+
+The kernel's rules, from Dao-AILab/flash-attention (commit 0251105a2fb19d2957484b7f023cd8c115286ced):
+- forward tiles: hopper/tile_size.h, tile_size_fwd_sm90 (lines 10-55) returns {kBlockM, kBlockN,
+  MmaPV_is_RS, IntraWGOverlap}; 16-bit at lines 13-40, FP8 (element_size 1) at lines 41-54;
+- forward stages: hopper/flash_fwd_launch_template.h line 47, kStages = 2 for Arch >= 90;
+- warpgroups: kBlockM / 64 (mainloop_fwd_sm90_tma_gmma_ws.hpp line 89); ping-pong (the
+  scheduler barrier) at lines 352-355: with IntraWGOverlap, 2+ warpgroups and head dim <= 128
+  (16-bit) or >= 128 (FP8);
+- one thread block per SM: flash_fwd_kernel_sm90.h line 77, MinBlocksPerMultiprocessor = 1;
+- backward tiles: hopper/flash_bwd_launch_template.h, run_mha_bwd_hdim64 .. hdim256 (lines
+  311-390), the Arch >= 90 branches: kBlockM x kBlockN, Stages_dO and NumMmaWarpGroups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from hbmsim.simulator import HbmsimError, Program
+
+from .blocks import AUTO
+from .common import tiles_per_step
+from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
+from .flash3_backward import flash3_bwd_sram_bytes, flash3_training
+from .io_flash3 import flash3_backward_io, flash3_forward_io
+from .registry import AlgorithmSpec, register
+from .workload import AttentionData, Workload
+
+FA3_KERNEL, FP8 = "fa3-kernel", "fp8"
+FA3_STAGES = 2               # kStages on sm90 (flash_fwd_launch_template.h line 47)
+MAX_HEAD_DIM = 256           # the largest head dim FA3's sm90 kernels are built for
+REGISTERS_PER_SM = 65_536    # with MinBlocksPerMultiprocessor = 1 the compiler may give a thread this / threads
+
+
+@dataclass(frozen=True)
+class Flash3Blocks:
+    """flash3's mapping: the forward's block_q x block_kv, the backward's, the K/V ring's stages,
+    each a number or "auto" (the FA3 kernel's own choice). variant "fa3-kernel" (fp16/bf16 as
+    the workload says) or "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype)."""
+    block_q: int | str = AUTO
+    block_kv: int | str = AUTO
+    block_q_bwd: int | str = AUTO
+    block_kv_bwd: int | str = AUTO
+    stages: int | str = AUTO
+    variant: str = FA3_KERNEL
+
+
+def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool]:
+    """(kBlockM, kBlockN, IntraWGOverlap) of tile_size_fwd_sm90 for headdim = headdim_v, no local
+    window, TMA K/V (not paged), no softcap, V not column-major (hopper/tile_size.h)."""
+    d = head_dim
+    if not fp8:
+        if d <= 64:
+            return 192, 128 if causal else 192, True       # lines 14-26
+        if d <= 96:
+            return 192, 144, True                         # line 30
+        if d <= 128:
+            return 128, 128 if causal else 176, True      # lines 31-33
+        if d <= 192:
+            return 128, 112, True                         # line 37 (headdim_v = d > 128: 112)
+        return 128, 80, True                              # line 39
+    if d <= 64:
+        return 192, 160, True                             # line 43
+    if d <= 96:
+        return 192, 128, True                             # line 45
+    if d <= 128:
+        return 128, 224, True                             # line 47
+    if d <= 192:
+        return 128, 160, True                             # line 49
+    return 128, 128, True                                 # line 51
+
+
+def fa3_pingpong(block_q: int, head_dim: int, fp8: bool, intra_wg_overlap: bool) -> bool:
+    """UseSchedulerBarrier (mainloop_fwd_sm90_tma_gmma_ws.hpp lines 352-355)."""
+    wgs = math.ceil(block_q / WG_ROWS)
+    if intra_wg_overlap:
+        return wgs >= 2 and (head_dim >= 128 if fp8 else head_dim <= 128)
+    return wgs == 2
+
+
+def fa3_backward_tiles(head_dim: int, causal: bool) -> tuple[int, int, int, int]:
+    """(kBlockM, kBlockN, Stages_dO, NumMmaWarpGroups) of the sm90 backward, no softcap, no local
+    window (flash_bwd_launch_template.h: hdim64 line 320, hdim96 line 337, hdim128 lines 351/353,
+    hdim192 line 367, hdim256 line 380)."""
+    d = head_dim
+    if d <= 64:
+        return 128, 128, 2, 2
+    if d <= 96:
+        return 64, 128, 2, 2
+    if d <= 128:
+        return (64, 128, 2, 2) if causal else (80, 128, 2, 2)
+    if d <= 192:
+        return 64, 96, 1, 3
+    return 64, 80, 1, 2
+
+
+def _fp8(m: Flash3Blocks) -> bool:
+    return m.variant == FP8
+
+
+def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
+    if wl.head_dim > MAX_HEAD_DIM:
+        raise HbmsimError(f"flash3: field 'head_dim' = {wl.head_dim} must be at most {MAX_HEAD_DIM} (FA3's sm90 "
+                          "kernels go up to 256)")
+    if wl.dropout > 0 or wl.key_padding_mask:
+        raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
+                          "key_padding_mask = false")
+    if _fp8(m) and training:
+        raise HbmsimError("flash3: variant 'fp8' is forward only (FA3 has no FP8 backward): passes = [\"forward\"]")
+    notes: list = []
+    bq, bkv, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
+    bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
+    out = {"stages": FA3_STAGES if m.stages == AUTO else m.stages}
+    for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
+                                   ("block_q_bwd", bq_b, "seq_len_q"), ("block_kv_bwd", bkv_b, "seq_len_kv")):
+        value, seq = getattr(m, key), getattr(wl, seq_field)
+        if value == AUTO:
+            value = min(kernel, seq)       # clipped to the sequence: the same bytes, less SRAM
+        elif value > seq:
+            notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
+            value = seq
+        out[key] = value
+    m = replace(m, **out)
+    need = _sram_bytes(wl, m, training)
+    if need > gpu.sram_bytes_per_sm:
+        raise HbmsimError(f"flash3: blocks {m.block_q}x{m.block_kv} (bwd {m.block_q_bwd}x{m.block_kv_bwd}), "
+                          f"{m.stages} stages need {need} B of shared memory per block, more than "
+                          f"sram_bytes_per_sm = {gpu.sram_bytes_per_sm} of '{gpu.name}'")
+    return m, tuple(notes)
+
+
+def _registers(block_q: int) -> int:
+    """Registers per thread at launch: 65,536 / threads, rounded down to 8 (one block an SM)."""
+    threads = 128 * (math.ceil(block_q / WG_ROWS) + 1)
+    return REGISTERS_PER_SM // threads // 8 * 8
+
+
+def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
+    fp8 = _fp8(m)
+    _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
+    pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
+    even = not wl.causal
+    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
+    if training:
+        _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
+        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
+        return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
+                               overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q))
+    return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
+                          _registers(m.block_q))
+
+
+def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
+    if pass_name == "forward":
+        return flash3_forward_io(wl, m.block_q, m.block_kv, _fp8(m))
+    return flash3_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
+
+
+def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
+    fwd = flash3_sram_bytes(wl, m.block_q, m.block_kv, m.stages, _fp8(m))
+    if not training:
+        return fwd
+    _, _, stages_do, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
+    return max(fwd, flash3_bwd_sram_bytes(wl, m.block_q_bwd, m.block_kv_bwd, stages_do))
+
+
+def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
+    c, even = math.ceil, not wl.causal
+    kv_tiles = c(wl.seq_len_kv / m.block_kv)
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles, even) if fast else 1))
+    if training:
+        q_tiles = c(wl.seq_len_q / m.block_q_bwd)
+        steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * c(q_tiles / (tiles_per_step(q_tiles, even)
+                                                                                    if fast else 1))
+    return steps
+
+
+def _describe(m: Flash3Blocks) -> str:
+    text = f"{m.block_q}x{m.block_kv}"
+    if (m.block_q_bwd, m.block_kv_bwd) != (m.block_q, m.block_kv):
+        text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
+    return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "")
+
+
+SPEC = register(AlgorithmSpec(
+    name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
+    build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"),
+    variants=(FA3_KERNEL, FP8), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
+    no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

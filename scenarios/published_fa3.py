@@ -1,0 +1,90 @@
+"""The FlashAttention-3 paper's H100 figures as a measured file (`"source": "published"`), in the
+schema of scenarios/published.py's FA2 set: scenarios/measured/fa3-paper-h100.json is
+`convert_fa3_paper_csv` of scenarios/published/fa3-paper-h100.csv (a test checks that it still
+is). Rebuild it with
+
+    python -m hbmsim.scenarios.published_fa3
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from hbmsim.simulator import HbmsimError
+
+from .published import MEASURED_DIR
+
+FA3_PAPER_CSV = Path(__file__).parent / "published" / "fa3-paper-h100.csv"
+FA3_PAPER_FILE = MEASURED_DIR / "fa3-paper-h100.json"
+
+# implementation -> (hbmsim program, variant, what the paper timed)
+IMPLEMENTATIONS = {
+    "fa3": ("flash3", "fa3-kernel", "FlashAttention-3, fp16 (hopper/ of Dao-AILab/flash-attention, July 2024)"),
+    "fa3-fp8": ("flash3", "fp8", "FlashAttention-3, FP8 e4m3 forward (Q, K, V in e4m3, O in bf16)"),
+    "fa2-fa3paper": ("flash2", "fa2-kernel", "FlashAttention-2 as timed in the FlashAttention-3 paper (the "
+                     "flash-attn release of mid 2024, sm80 code on H100)"),
+}
+
+FA3_PAPER_PROVENANCE = {
+    "short": "FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608), H100 forward, backward and FP8 figures",
+    "citation": "Jay Shah, Ganesh Bikshandi, Ying Zhang, Vijay Thakkar, Pradeep Ramani, Tri Dao, FlashAttention-3: "
+                "Fast and Accurate Attention with Asynchrony and Low-precision, arXiv 2407.08608 (2024), section 4.1: "
+                "the forward speed figure (FP16/BF16), the backward speed figure (FP16/BF16) and the FP8 forward "
+                "speed figure, H100 80GB SXM5; benchmark hopper/benchmark_attn.py in Dao-AILab/flash-attention",
+    "gpu": "NVIDIA H100 80GB SXM5 (the paper's figures)",
+    "setup": "16k tokens in total (batch = 16384 / seq_len), hidden size 2048 (heads = 2048 / head dim); the paper "
+             "benchmark's set-up as pytorch/benchmark commit ff65cb675209d2308f7d27c6920af8a32de9aa90 states it "
+             "('the FA3 paper sizes inputs such that B*S=16k and H*Dhead=2048'). Shipped: seq_len 1k, 4k, 16k of "
+             "the figures' 512..16k, to keep validate short",
+    "flop_convention": "forward = 4 N^2 d heads batch, halved when causal (hopper/benchmark_attn.py line 62: "
+                       "batch nheads 2 seqlen_q avg_seqlen (headdim + headdim_v)); backward = 2.5 x forward "
+                       "(benchmark_attn.py line 398); time = FLOPs / the printed throughput",
+    "read_off": "each value is a bar's printed label, as given in text by the transcription of the paper's figure "
+                "image cited on the run (subtext.edge.nugit.net/image/<hash>, a text rendering of the arXiv HTML "
+                "figures); values whose label could not be read in text (FP8, head dim 64, causal, 4k and 16k) are "
+                "left out. The panels' titles do not say whether they are causal: of the two panels each figure "
+                "has per head dim, the one whose every bar is lower (standard attention, FA2 and FA3 alike, as "
+                "halving the counted FLOPs of a causal pass makes it) is entered as the causal one. The backward "
+                "figure has one panel per head dim, entered as non-causal",
+}
+
+
+def convert_fa3_paper_csv(csv_path: str | Path = FA3_PAPER_CSV) -> dict:
+    runs = []
+    with Path(csv_path).open(newline="") as fh:
+        for i, row in enumerate(csv.DictReader(fh)):
+            where = f"{csv_path}: row {i + 2}"
+            if row["implementation"] not in IMPLEMENTATIONS:
+                raise HbmsimError(f"{where}: field 'implementation' = {row['implementation']!r} must be one of "
+                                  f"{', '.join(IMPLEMENTATIONS)}")
+            algorithm, variant, _ = IMPLEMENTATIONS[row["implementation"]]
+            n = int(row["seq_len"])
+            runs.append({
+                "algorithm": algorithm, "variant": variant, "implementation": row["implementation"],
+                "pass": row["pass"], "hardware": row["gpu"], "source": "published",
+                "workload": {"batch": int(row["batch"]), "heads": int(row["heads"]), "seq_len": n, "seq_len_q": n,
+                             "seq_len_kv": n, "head_dim": int(row["head_dim"]), "dtype": row["dtype"],
+                             "causal": row["causal"] == "true", "key_padding_mask": False, "dropout": 0.0},
+                "time_s": float(row["time_ms"]) * 1e-3, "tflops_per_s": float(row["tflops_per_s"]),
+                "read_off": row["read_off"], "citation": row["source"],
+            })
+    return {"source": "published", "provenance": {**FA3_PAPER_PROVENANCE, "implementations": {
+        name: f"hbmsim algorithm {a}, variant {v}: {what}" for name, (a, v, what) in IMPLEMENTATIONS.items()}},
+        "runs": runs}
+
+
+def main(argv=None) -> int:
+    """`python -m hbmsim.scenarios.published_fa3`: rebuild the shipped file from the shipped CSV."""
+    try:
+        FA3_PAPER_FILE.write_text(json.dumps(convert_fa3_paper_csv(), indent=1) + "\n")
+    except (HbmsimError, OSError, KeyError, ValueError) as err:
+        print(f"published_fa3: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    print(FA3_PAPER_FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

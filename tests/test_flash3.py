@@ -1,0 +1,180 @@
+"""flash3 (FlashAttention-3 on Hopper): counters = closed forms, numerics = the float64
+reference, the kernel's own tiles, refusal without TMA/wgmma, and the schedule's effect on time."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hbmsim.algorithms import registry
+from hbmsim.algorithms.flash3_spec import fa3_backward_tiles, fa3_forward_tiles, fa3_pingpong
+from hbmsim.algorithms.reference import attention_backward, attention_forward
+from hbmsim.algorithms.workload import Workload, random_data
+from hbmsim.scenarios.experiment import resolve_hardware
+from hbmsim.simulator import HbmsimError, simulate
+
+H100 = resolve_hardware("h100-sxm5-80gb")
+SPEC = registry.get("flash3")
+
+
+def resolved(wl, training=False, **fields):
+    return SPEC.resolved(H100, wl, SPEC.mapping_type(**fields), training)[0]
+
+
+def counted(result, pass_name):
+    return {n: (t.read, t.write) for n, t in result.tensors(pass_name).items() if t.read or t.write}
+
+
+def nonzero(io):
+    return {n: rw for n, rw in io.items() if rw[0] or rw[1]}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", ["fa3-kernel", "fp8"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_forward_counts_equal_closed_forms_and_hand_numbers(causal, variant, d):
+    wl = Workload(1, 2, 256, 256, d, dtype="bf16", causal=causal)
+    m = resolved(wl, variant=variant)
+    got = counted(simulate(H100, SPEC.build(wl, m, None, False)), "forward")
+    assert got == nonzero(SPEC.io(wl, m, "forward"))
+    e_in = 1 if variant == "fp8" else 2
+    assert got["Q"] == (2 * 256 * d * e_in, 0)          # Q read once, in e4m3 for FP8
+    assert got["O"] == (0, 2 * 256 * d * 2)             # O written once, in bf16
+    if not causal:                                      # every query block reads all of K once
+        blocks = -(-256 // m.block_q)
+        assert got["K"] == (2 * blocks * 256 * d * e_in, 0)
+
+
+def test_forward_numerics_equal_the_float64_reference():
+    for causal, variant in ((False, "fa3-kernel"), (True, "fa3-kernel"), (True, "fp8")):
+        wl = Workload(1, 2, 200, 136, 64, dtype="bf16", causal=causal)
+        m = resolved(wl, variant=variant, block_q=128, block_kv=48)     # 2 warpgroups, 3 K/V steps
+        out = simulate(H100, SPEC.build(wl, m, random_data(wl, seed=3), False)).outputs
+        o_ref, lse_ref = attention_forward(wl, random_data(wl, seed=3))
+        assert np.max(np.abs(out["O"] - o_ref.reshape(out["O"].shape))) < 1e-12
+        # rows that see no key (causal, more queries than keys): lse = -inf in both
+        np.testing.assert_allclose(out["lse"][..., 0], lse_ref.reshape(out["lse"].shape[:2]), rtol=0, atol=1e-12)
+
+
+def test_training_counts_and_gradients():
+    wl = Workload(1, 2, 192, 192, 64, dtype="fp16", causal=True)
+    m = resolved(wl, True, block_q_bwd=64, block_kv_bwd=64)
+    res = simulate(H100, SPEC.build(wl, m, random_data(wl, seed=4), True))
+    for p in ("forward", "backward"):
+        assert counted(res, p) == nonzero(SPEC.io(wl, m, p))
+    data = random_data(wl, seed=4)
+    ref = attention_backward(wl, data, data.d_o)
+    for name in ("dQ", "dK", "dV"):
+        got = res.outputs[name]
+        assert np.max(np.abs(got - ref[name].reshape(got.shape))) < 1e-12, name
+    assert [k.name for k in res.kernels if k.pass_name == "backward"][:3] == [
+        "flash3_bwd_preprocess", "flash3_bwd", "flash3_bwd_convert_dq"]
+
+
+def test_the_kernel_rules():
+    # hopper/tile_size.h tile_size_fwd_sm90 and flash_bwd_launch_template.h (sm90 branches)
+    assert fa3_forward_tiles(128, False, False) == (128, 176, True)
+    assert fa3_forward_tiles(128, True, False) == (128, 128, True)
+    assert fa3_forward_tiles(64, False, False) == (192, 192, True)
+    assert fa3_forward_tiles(256, False, False) == (128, 80, True)
+    assert fa3_forward_tiles(128, False, True) == (128, 224, True)
+    assert fa3_backward_tiles(128, False) == (80, 128, 2, 2)
+    assert fa3_backward_tiles(128, True) == (64, 128, 2, 2)
+    assert fa3_pingpong(128, 128, False, True) and not fa3_pingpong(128, 256, False, True)
+    assert fa3_pingpong(128, 256, True, True) and not fa3_pingpong(192, 64, True, True)
+    wl = Workload(4, 16, 4096, 4096, 128, dtype="fp16")
+    m = resolved(wl, True)
+    assert (m.block_q, m.block_kv, m.block_q_bwd, m.block_kv_bwd, m.stages) == (128, 176, 80, 128, 2)
+
+
+@pytest.mark.parametrize("preset", ["a100-sxm4-40gb", "a100-sxm4-80gb"])
+def test_refused_without_wgmma_in_one_line(preset):
+    wl = Workload(1, 1, 128, 128, 64)
+    with pytest.raises(HbmsimError, match="has_wgmma = 0") as err:
+        SPEC.resolved(resolve_hardware(preset), wl, SPEC.mapping_type(), False)
+    assert "\n" not in str(err.value)
+    with pytest.raises(HbmsimError, match="forward only"):
+        resolved(wl, True, variant="fp8")
+
+
+def test_refused_in_the_cli_with_exit_2(tmp_path, capsys):
+    from hbmsim.scenarios.cli import main
+    exp = tmp_path / "fa3.toml"
+    exp.write_text('name = "fa3"\nhardware = "a100-sxm4-80gb"\n[workload]\nbatch = 1\nheads = 1\nseq_len = 128\n'
+                   'head_dim = 64\n[[runs]]\nalgorithm = "flash3"\npasses = ["forward"]\n')
+    assert main(["run", str(exp), "--count-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has_wgmma = 0" in err and len(err.splitlines()) == 1
+
+
+def test_same_bytes_as_flash2_less_time_and_fp8_faster():
+    """FA3 moves FA2's bytes with the same tiles; its schedule (wgmma, overlap) takes less time."""
+    wl = Workload(1, 8, 1024, 1024, 128, dtype="fp16")
+    flash2 = registry.get("flash2")
+    m2 = flash2.resolved(H100, wl, flash2.mapping_type(block_q=128, block_kv=128), False)[0]
+    m3 = resolved(wl, block_q=128, block_kv=128)
+    r2, r3 = simulate(H100, flash2.build(wl, m2, None, False)), simulate(H100, SPEC.build(wl, m3, None, False))
+    assert counted(r2, "forward") == counted(r3, "forward")
+    assert r3.time_s < 0.8 * r2.time_s
+    r8 = simulate(H100, SPEC.build(wl, resolved(wl, variant="fp8", block_q=128, block_kv=128), None, False))
+    assert r8.time_s < r3.time_s
+
+
+def test_overlap_is_what_the_schedule_says():
+    """One warpgroup (64 query rows): its softmax can only hide under its own next GEMM, which the
+    intra-warpgroup overlap issues first; without it the same bytes and FLOPs take longer. (With
+    two warpgroups the other one's GEMMs already fill the tensor pipe.)"""
+    from hbmsim.algorithms.flash3 import flash3_forward
+    wl = Workload(1, 8, 1024, 1024, 128, dtype="fp16")
+    with_overlap = simulate(H100, flash3_forward(wl, 64, 128, None, 2, True, False))
+    without = simulate(H100, flash3_forward(wl, 64, 128, None, 2, False, False))
+    assert counted(with_overlap, "forward") == counted(without, "forward")
+    k_with, k_without = (r.kernels[0].end_s - r.kernels[0].start_s for r in (with_overlap, without))
+    assert k_with < 0.95 * k_without
+
+
+def test_shipped_published_set_is_the_conversion_of_its_csv():
+    from hbmsim.scenarios.published_fa3 import FA3_PAPER_FILE, convert_fa3_paper_csv
+    shipped = json.loads(FA3_PAPER_FILE.read_text())
+    assert shipped == json.loads(json.dumps(convert_fa3_paper_csv()))
+    run = next(r for r in shipped["runs"] if r["implementation"] == "fa3" and r["workload"]["head_dim"] == 128
+               and r["workload"]["seq_len"] == 4096 and not r["workload"]["causal"] and r["pass"] == "forward")
+    # 4 N^2 d heads batch / 638 TFLOPs/s: 4 x 4096^2 x 128 x 16 x 4 / 638e12
+    assert run["time_s"] == pytest.approx(4 * 4096 ** 2 * 128 * 16 * 4 / 638e12, rel=1e-4)
+    assert all(r["citation"].startswith("FlashAttention-3 paper") for r in shipped["runs"])
+
+
+def test_timeline_draws_each_role_on_a_track_of_its_own():
+    from hbmsim.simulator.timeline import ROLE_TID_BASE, Timeline
+    t = Timeline()
+    t.transfer(3, "flash3_fwd", 0, "load K", 0.0, 1e-6, 4096, 0, role="producer")
+    t.compute(3, "flash3_fwd", 0, 0.5e-6, 1.5e-6, {"matmul_flops": 8}, role="consumer 0")
+    t.compute(3, "flash3_fwd", 0, 1.0e-6, 2.0e-6, {"matmul_flops": 8}, role="consumer 1")
+    t.compute(3, "flash3_fwd", 0, 2.0e-6, 3.0e-6, {"matmul_flops": 8})
+    chrome = t.to_chrome(132, "fa3")
+    names = {e["tid"]: e["args"]["name"] for e in chrome["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {3: "SM 3", ROLE_TID_BASE: "SM 3 producer", ROLE_TID_BASE + 1: "SM 3 consumer 0",
+                     ROLE_TID_BASE + 2: "SM 3 consumer 1"}
+    spans = {e["tid"]: (e["ts"], e["dur"]) for e in chrome["traceEvents"] if e.get("ph") == "X"}
+    # the two consumers' computes overlap in time (microseconds), on tracks of their own
+    assert spans[ROLE_TID_BASE + 1] == pytest.approx((0.5, 1.0))
+    assert spans[ROLE_TID_BASE + 2] == pytest.approx((1.0, 1.0))
+
+
+def test_run_prints_its_tiles_and_the_timeline_has_its_roles(tmp_path, capsys):
+    """`hbmsim run` on the H100 preset: the table names FA3's own tiles for head dim 128 fp16
+    (tile_size_fwd_sm90: 128 x 176, 2 stages), and `--timeline` draws the producer and the two
+    consumer warpgroups of SM 0 on tracks of their own."""
+    from hbmsim.scenarios.cli import main
+    import json
+    exp = tmp_path / "fa3.toml"
+    exp.write_text('name = "fa3"\nhardware = "h100-sxm5-80gb"\n[workload]\nbatch = 1\nheads = 2\nseq_len = 1024\n'
+                   'head_dim = 128\ndtype = "fp16"\n[[runs]]\nalgorithm = "flash3"\npasses = ["forward"]\n')
+    trace = tmp_path / "t.json"
+    assert main(["run", str(exp), "--timeline", str(trace)]) == 0
+    assert "128x176 2st" in capsys.readouterr().out
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert {"SM 0 producer", "SM 0 consumer 0", "SM 0 consumer 1"} <= tracks

@@ -1,0 +1,86 @@
+"""Warp roles (BlockContext.fork / event) and the SM's two pipes (time_model.py: sm_pipes), on the
+tiny machine of conftest.tiny_gpu: per SM 1e12 tensor FLOP/s and 5e10 FP32 operations/s (an FMA
+counted as 2 FLOPs), no host model, times worked out by hand.
+
+Two consumer roles each do a GEMM of 1e6 FLOPs (1 us on the tensor pipe) and then its softmax,
+1e4 operations (0.2 us on the vector pipe):
+- wgmma (asynchronous), two pipes: role A's GEMM 0-1 us, its softmax 1-1.2 us under role B's GEMM
+  1-2 us; B's softmax 2-2.2 us: the block ends at 2.2 us.
+- the same with mma.sync, or with sm_pipes off: one pipe, 2 x (1 + 0.2) = 2.4 us.
+"""
+import pytest
+
+from hbmsim.simulator import Launch, Program, TimeModel, simulate
+from hbmsim.simulator.time_model import MMA_SYNC, WGMMA
+
+from conftest import tiny_gpu
+
+MODEL = TimeModel().off("host")
+GEMM = dict(matmul_flops=1_000_000)          # 1e6 / 1e12 = 1 us on the tensor pipe
+SOFTMAX = dict(vector_flops=10_000)          # 1e4 / 5e10 = 0.2 us on the vector pipe
+
+
+def two_consumers(tensor_op: str) -> Program:
+    def consumer(ctx):
+        yield from ctx.compute(**GEMM, **SOFTMAX)
+
+    def block(ctx, _):
+        a, b = ctx.fork(consumer(ctx)), ctx.fork(consumer(ctx))
+        yield a
+        yield b
+    return Program("roles", [Launch("k", 1, 0, block, tensor_op=tensor_op)])
+
+
+def test_an_async_kernel_overlaps_one_roles_softmax_with_the_others_gemm():
+    assert simulate(tiny_gpu(), two_consumers(WGMMA), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
+
+
+def test_mma_sync_and_sm_pipes_off_add_up():
+    assert simulate(tiny_gpu(), two_consumers(MMA_SYNC), model=MODEL).time_s == pytest.approx(2.4e-6, rel=1e-9)
+    off = MODEL.off("sm_pipes")
+    assert simulate(tiny_gpu(), two_consumers(WGMMA), model=off).time_s == pytest.approx(2.4e-6, rel=1e-9)
+
+
+def test_a_role_waits_at_an_event_until_another_releases_it():
+    """A producer role signals `full` after 0.5 us of vector work; the consumer's GEMM (1 us)
+    starts only then: the block ends at 1.5 us, and the GEMM's FLOPs are counted once."""
+    def block(ctx, _):
+        full = ctx.event()
+
+        def producer():
+            yield from ctx.compute(vector_flops=25_000)      # 2.5e4 / 5e10 = 0.5 us
+            full.succeed()
+
+        def consumer():
+            yield full
+            yield from ctx.compute(**GEMM)
+
+        p, c = ctx.fork(producer()), ctx.fork(consumer())
+        yield p
+        yield c
+    r = simulate(tiny_gpu(), Program("barrier", [Launch("k", 1, 0, block, tensor_op=WGMMA)]), model=MODEL)
+    assert r.time_s == pytest.approx(1.5e-6, rel=1e-9)
+    assert r.kernels[0].matmul_flops == 1_000_000 and r.kernels[0].vector_flops == 25_000
+
+
+def test_the_timeline_draws_each_named_role_on_its_own_track():
+    """Two named consumers on SM 0: each role's compute lands on its own track, and consumer 1's
+    GEMM (1-2 us) runs while consumer 0's softmax (1-1.2 us) does."""
+    from hbmsim.simulator.timeline import ROLE_TID_BASE, Timeline
+
+    def block(ctx, _):
+        def consumer():
+            yield from ctx.compute(**GEMM)
+            yield from ctx.compute(**SOFTMAX)
+        a, b = ctx.fork(consumer(), "consumer 0"), ctx.fork(consumer(), "consumer 1")
+        yield a
+        yield b
+    t = Timeline()
+    simulate(tiny_gpu(), Program("roles", [Launch("k", 1, 0, block, tensor_op=WGMMA)]), model=MODEL, recorder=t)
+    assert t.roles == {(0, "consumer 0"): ROLE_TID_BASE, (0, "consumer 1"): ROLE_TID_BASE + 1}
+    spans = {tid: sorted((e["ts"], e["ts"] + e["dur"]) for e in t.events
+                         if e.get("cat") == "compute" and e["tid"] == tid)
+             for tid in t.roles.values()}
+    (gemm0, soft0), (gemm1, soft1) = spans[ROLE_TID_BASE], spans[ROLE_TID_BASE + 1]
+    assert gemm0 == pytest.approx((0.0, 1.0)) and soft0 == pytest.approx((1.0, 1.2))
+    assert gemm1 == pytest.approx((1.0, 2.0)) and soft1 == pytest.approx((2.0, 2.2))
