@@ -97,6 +97,29 @@ def masked_scores(wl: Workload, scale: float, q, k, kv_len, r0: int, r1: int, c0
     return s if ok is None else np.where(ok, s, -np.inf)
 
 
+def unnormalised_softmax_step(s: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple:
+    """One tile of FlashAttention-2's online softmax on an *unnormalised* output (scores s: n x nc):
+    m_new = max(m, rowmax s); P = exp(s - m_new); alpha = exp(m - m_new), the rescale of what came
+    before (acc = alpha acc + P V); l_new = alpha l + rowsum P. Returns (m_new, P, alpha, l_new);
+    a row that has seen only masked keys keeps m = -inf and gets P = 0 (finite_or_zero)."""
+    m_new = np.maximum(m, s.max(axis=1))
+    m_safe = finite_or_zero(m_new)
+    p = np.exp(s - m_safe[:, None])
+    alpha = np.exp(m - m_safe)
+    return m_new, p, alpha, alpha * l + p.sum(axis=1)
+
+
+def normalised_rows(acc: np.ndarray, l: np.ndarray, m: np.ndarray) -> tuple:
+    """The end of an unnormalised online softmax: O = acc / l and lse = m + log l (n x 1); rows
+    that saw no key (l = 0) get O = 0 and lse = -inf."""
+    pos = l > 0
+    o = np.zeros(acc.shape)
+    o[pos] = acc[pos] / l[pos, None]
+    lse = np.full((acc.shape[0], 1), -np.inf)
+    lse[pos, 0] = m[pos] + np.log(l[pos])
+    return o, lse
+
+
 def online_softmax_update(s, v, o, l, m, keep):
     """One step of online softmax on a *normalised* output (FlashAttention Algorithm 1, lines
     9-13): tile max and sum, m_new = max(m, m_tile), rescale old and new by exp(m - m_new),

@@ -21,7 +21,7 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.tensor import Strided
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
+from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
 from .common import tiles_per_step as coarse_step
 from .flash2_teaching import teaching_aligned
@@ -150,11 +150,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 # at the end.
                 s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
                 m_old = m
-                m_new = np.maximum(m, s.max(axis=1))
-                m_safe = finite_or_zero(m_new)
-                p = np.exp(s - m_safe[:, None])
-                alpha = np.exp(m - m_safe)
-                l = alpha * l + p.sum(axis=1)
+                m_new, p, alpha, l = unnormalised_softmax_step(s, m, l)
                 if keep is not None:
                     p = p * keep[g, r0:r1, c0:c1]
                 m = m_new
@@ -171,11 +167,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
         o_tile = lse_tile = None
         if numeric:
-            pos = l > 0
-            o_tile = np.zeros((n, d))
-            o_tile[pos] = acc[pos] / l[pos, None]
-            lse_tile = np.full((n, 1), -np.inf)
-            lse_tile[pos, 0] = m[pos] + np.log(l[pos])
+            o_tile, lse_tile = normalised_rows(acc, l, m)
             ctx.note("flash2 final", g=g, rows=(r0, r1), m=m, l=l, O=o_tile, lse=lse_tile[:, 0])
         yield from ctx.store_tiles(*tiles_of([(O[g], rows, all_cols, o_tile), (LSE[g], rows, slice(0, 1), lse_tile)]))
 

@@ -30,7 +30,7 @@ from hbmsim.simulator import HbmsimError, Launch, Program
 from hbmsim.simulator.tensor import COALESCED
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
+from .common import (STATS_DTYPE, block_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
 from .common import tiles_per_step as coarse_step
 from .io_formulas import INDEX, STATS, flash2_kv_rows_read
@@ -212,11 +212,7 @@ def rawkernel_tc_forward(wl: Workload, block_q: int, block_kv: int, data: Attent
                                    exp_ops=n * nc + tiles * n)
             if numeric:
                 s = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
-                m_new = np.maximum(m, s.max(axis=1))
-                m_safe = finite_or_zero(m_new)
-                p = np.exp(s - m_safe[:, None])
-                alpha = np.exp(m - m_safe)
-                l = alpha * l + p.sum(axis=1)
+                m_new, p, alpha, l = unnormalised_softmax_step(s, m, l)
                 if keep is not None:
                     p = p * keep[g, r0:r1, c0:c1]
                 acc = alpha[:, None] * acc + p @ v

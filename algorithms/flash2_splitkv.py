@@ -38,7 +38,7 @@ import numpy as np
 from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .common import (STATS_DTYPE, block_rows, finite_or_zero, input_tensors, masked_scores,
+from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      output, tiles_per_step)
 from .flash2 import flash2_sram_bytes, qk_softmax_work
 from .paged import KVLayout, table_entries
@@ -242,11 +242,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
             yield from ctx.compute(**qk_softmax_work(wl, n, nc, tiles, warps))
             if numeric:
                 sc = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
-                m_new = np.maximum(m, sc.max(axis=1))
-                m_safe = finite_or_zero(m_new)
-                p = np.exp(sc - m_safe[:, None])
-                alpha = np.exp(m - m_safe)
-                l = alpha * l + p.sum(axis=1)
+                m_new, p, alpha, l = unnormalised_softmax_step(sc, m, l)
                 m = m_new
             v = kv.join((yield from ctx.wait(v_next)))
             if c1 < c_end:
@@ -259,11 +255,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
         yield from ctx.compute(vector_flops=n * d + 2 * n)
         o_tile = lse_tile = None
         if numeric:
-            pos = l > 0
-            o_tile = np.zeros((n, d))
-            o_tile[pos] = acc[pos] / l[pos, None]
-            lse_tile = np.full((n, 1), -np.inf)
-            lse_tile[pos, 0] = m[pos] + np.log(l[pos])
+            o_tile, lse_tile = normalised_rows(acc, l, m)
             ctx.note("split final", g=g, split=s, rows=(r0, r1), O=o_tile, lse=lse_tile[:, 0])
         yield from ctx.store_tiles((o_view, rows, all_cols, o_tile), (l_view, rows, slice(0, 1), lse_tile))
 

@@ -32,8 +32,8 @@ import numpy as np
 from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
 from hbmsim.simulator.time_model import WGMMA, WGMMA_FP8
 
-from .common import (STATS_DTYPE, block_rows, finite_or_zero, masked_scores, online_softmax_vector_flops, output,
-                     row_blocks_period)
+from .common import (STATS_DTYPE, block_rows, masked_scores, normalised_rows, online_softmax_vector_flops, output,
+                     row_blocks_period, unnormalised_softmax_step)
 from .common import tiles_per_step as coarse_step
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -192,11 +192,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 p = alpha = None
                 if numeric:
                     s = masked_scores(wl, scale, q, k, None, w0, w1, c0, c1)
-                    m_new = np.maximum(m, s.max(axis=1))
-                    m_safe = finite_or_zero(m_new)
-                    p = np.exp(s - m_safe[:, None])
-                    alpha = np.exp(m - m_safe)
-                    l = alpha * l + p.sum(axis=1)
+                    m_new, p, alpha, l = unnormalised_softmax_step(s, m, l)
                     m = m_new
                 pending = (s_i, nc, tiles, p, alpha)
                 if not intra_wg_overlap:         # P V_j now, after the softmax
@@ -217,11 +213,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             yield from ctx.compute(vector_flops=n * d + 2 * n)     # O = acc / l, lse = m + log l
             o_tile = lse_tile = None
             if numeric:
-                pos = l > 0
-                o_tile = np.zeros((n, d))
-                o_tile[pos] = acc[pos] / l[pos, None]
-                lse_tile = np.full((n, 1), -np.inf)
-                lse_tile[pos, 0] = m[pos] + np.log(l[pos])
+                o_tile, lse_tile = normalised_rows(acc, l, m)
             wg_rows = slice(w0, w1)
             yield from ctx.store_tiles((O[g], wg_rows, all_cols, o_tile), (LSE[g], wg_rows, slice(0, 1), lse_tile))
 

@@ -79,6 +79,13 @@ class L2Cache:
         recent lines make room (one larger than the L2 keeps capacity_bytes of it)."""
         nbytes = min(int(nbytes), self.capacity_bytes)
         used = self.used_bytes + nbytes
+        self.used_bytes = self._evict_until(used)
+        self.lines[("warm", uid)] = [nbytes, False, owner]
+        self.warm_lines += 1
+
+    def _evict_until(self, used: int) -> int:
+        """Evict least recently used lines (dirty ones to `written_back`) until `used` bytes fit;
+        returns what is then used (the warming and warm-line paths; `access` inlines its own)."""
         while used > self.capacity_bytes:
             old_key, (old_bytes, dirty, old_owner) = self.lines.popitem(False)
             used -= old_bytes
@@ -86,9 +93,7 @@ class L2Cache:
                 self.written_back.append((old_owner, old_bytes))
             if isinstance(old_key, tuple) and old_key[0] == "warm":
                 self.warm_lines -= 1
-        self.used_bytes = used
-        self.lines[("warm", uid)] = [nbytes, False, owner]
-        self.warm_lines += 1
+        return used
 
     def _from_warm(self, uid, nbytes: int) -> bool:
         """Whether a tile of tensor `uid` that missed is still in the L2 as part of its warm line:
@@ -105,14 +110,7 @@ class L2Cache:
             del self.lines[key]
             self.warm_lines -= 1
         used = self.used_bytes + nbytes
-        while used > self.capacity_bytes:    # the tile was larger than what was left of its warm line
-            old_key, (old_bytes, dirty, old_owner) = self.lines.popitem(False)
-            used -= old_bytes
-            if dirty:
-                self.written_back.append((old_owner, old_bytes))
-            if isinstance(old_key, tuple) and old_key[0] == "warm":
-                self.warm_lines -= 1
-        self.used_bytes = used
+        self.used_bytes = self._evict_until(used)     # the tile was larger than what was left of its warm line
         self.inserted_bytes += nbytes
         return True
 

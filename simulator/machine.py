@@ -291,7 +291,8 @@ class Machine:
         events = events_scheduled(self.env)
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
-            kernels=self.kernels, sim_events=events, host=DEFAULT_HOST if self.model.host else None,
+            kernels=self.kernels, sim_events=events,
+            host=(self.model.host_spec or DEFAULT_HOST) if self.model.host else None,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )
 

@@ -96,10 +96,13 @@ class TimeModel:
     mma_operands: bool = True
     sm_pipes: bool = True
     host: bool = True
+    # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);
+    # None: host.DEFAULT_HOST, from public figures
+    host_spec: object = None
 
     @staticmethod
     def effects() -> tuple:
-        return tuple(f.name for f in dataclasses.fields(TimeModel))
+        return tuple(f.name for f in dataclasses.fields(TimeModel) if f.name != "host_spec")
 
     def off(self, *names: str) -> "TimeModel":
         for name in names:
@@ -109,7 +112,8 @@ class TimeModel:
 
     def describe(self) -> str:
         off = [n for n in self.effects() if not getattr(self, n)]
-        return "all effects on" if not off else "off: " + ", ".join(off)
+        text = "all effects on" if not off else "off: " + ", ".join(off)
+        return text + ("; host fields measured" if self.host_spec is not None and self.host else "")
 
 
 BASELINE = TimeModel(**{n: False for n in TimeModel.effects()})    # the spec-sheet model

@@ -53,3 +53,30 @@ def test_a_full_queue_blocks_the_host():
     assert t.host_issue_s == pytest.approx((11.8 * US, 23.6 * US, 124.5 * US))
     assert t.starts_s[2] == pytest.approx(213.6 * US)
     assert DEFAULT_HOST.queue_launches == 1000
+
+
+def test_run_takes_measured_host_fields(tmp_path, capsys):
+    """`--host-spec FILE` replaces the public figures by a measured file's host_spec (fields it
+    lacks keep DEFAULT_HOST's). One flash2 forward kernel, launched by one op: the stopwatch sees
+    the host's eager_op_s + launch_s before the kernel starts, so doubling launch_s from 5 us to
+    10 us adds 5 us to the pass; its kernel time does not move."""
+    import json
+
+    from hbmsim.scenarios.cli import main
+    exp = tmp_path / "e.toml"
+    exp.write_text('name = "e"\nhardware = "h100-sxm5-80gb"\n[workload]\nbatch = 1\nheads = 2\nseq_len = 128\n'
+                   'head_dim = 64\ndtype = "fp16"\n[[runs]]\nalgorithm = "flash2"\npasses = ["forward"]\n')
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"source": "measured", "host_spec": {"launch_s": 10e-6}}))
+    runs = {}
+    for name, extra in (("public", []), ("measured", ["--host-spec", str(host)])):
+        out = tmp_path / f"{name}.json"
+        assert main(["run", str(exp), "--count-only", "--json", str(out)] + extra) == 0
+        runs[name] = json.loads(out.read_text())["runs"][0]
+    assert runs["measured"]["kernel_time_s"] == runs["public"]["kernel_time_s"]
+    assert runs["measured"]["time_s"] - runs["public"]["time_s"] == pytest.approx(5e-6, rel=1e-6)
+    assert "host fields measured" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"source": "measured", "host_spec": {"launch_s": -1}}))
+    assert main(["run", str(exp), "--count-only", "--host-spec", str(bad)]) == 2
+    assert "field 'host_spec.launch_s' = -1 must be >= 0 (seconds)" in capsys.readouterr().err

@@ -1,13 +1,15 @@
 """What several commands share: the parser's one-line errors, argument types, the time model's
---without, the check of --plot and --json, how a Ctrl-C after saved work ends, and the results
+--without and --host-spec, the check of --plot and --json, how a Ctrl-C after saved work ends, and the results
 file of `run` and `demo`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from hbmsim.simulator import TimeModel
+from hbmsim.simulator.host import DEFAULT_HOST, host_from_measured
 
 from ..outputs import check_output_path, check_plot_output, write_text_atomic
 
@@ -38,14 +40,22 @@ def count(minimum: int):
 
 
 def time_model(args) -> TimeModel:
-    """The time model with the effects named by --without switched off."""
-    return TimeModel().off(*(args.without or ()))
+    """The time model with the effects named by --without switched off, and the host's fields
+    from --host-spec FILE (a measured file of `hbmsim microbench --host`) when given."""
+    model = TimeModel().off(*(args.without or ()))
+    path = getattr(args, "host_spec", None)
+    if path:
+        model = dataclasses.replace(model, host_spec=host_from_measured(path, DEFAULT_HOST))
+    return model
 
 
 def add_without(parser) -> None:
     parser.add_argument("--without", action="append", choices=TimeModel.effects(), metavar="EFFECT",
                         help="switch an effect of the time model off (repeatable): "
                              + ", ".join(TimeModel.effects()))
+    parser.add_argument("--host-spec", metavar="FILE",
+                        help="the host's launch and dispatch fields measured by `hbmsim microbench --host` (a "
+                             "measured file with a host_spec table; fields it lacks keep the public figures)")
 
 
 def check_plot_and_json(args) -> None:

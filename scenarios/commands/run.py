@@ -65,6 +65,7 @@ def fmt_duration(s: float) -> str:
 
 def cmd_run(args) -> int:
     check_outputs(args)
+    time_model(args)              # --without and --host-spec, checked before any work
     exp, estimate = checked_experiment(args)
     out = sys.stderr if args.json == "-" else sys.stdout     # with --json -, stdout carries only the JSON
     if args.trace:
