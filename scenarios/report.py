@@ -119,8 +119,13 @@ def fast_note(results: list[dict]) -> str:
         return ""
     lo, hi = min(r["simulated_fraction"] for r in folded), max(r["simulated_fraction"] for r in folded)
     share = f"{lo:.1%}" if lo == hi else f"{lo:.1%}-{hi:.1%}"
+    how = "the steady state"
+    sliced = [r for r in folded if r.get("slice_of", 1) > 1]
+    if sliced:
+        k = max(r["slice_of"] for r in sliced)
+        how = f"a 1/{k} slice of the GPU" if len(sliced) == len(folded) else "the steady state or a slice of the GPU"
     return (f"fast mode: {len(folded)} of {len(results)} results simulated {share} of their blocks and "
-            "extrapolated the rest from the steady state (L2-side bytes and FLOPs exact; DRAM bytes and time "
+            f"extrapolated the rest from {how} (L2-side bytes and FLOPs exact; DRAM bytes and time "
             "extrapolated; --full simulates everything)")
 
 

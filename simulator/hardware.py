@@ -102,6 +102,17 @@ class GPU:
         f = sm_count / self.sm_count
         return dataclasses.replace(self, sm_count=sm_count, **{r: getattr(self, r) * f for r in self.SM_RATES})
 
+    def slice_of(self, k: int) -> "GPU":
+        """One k-th of this GPU: sm_count / k SMs of the same kind with their share of everything
+        the SMs share (DRAM bandwidth and capacity, the L2's bytes and bandwidth), so that each SM
+        sees what it sees in the whole GPU when the whole runs k alike copies of the slice's work
+        (fast mode's slices, scenarios/runner.py). k must divide sm_count."""
+        if k < 1 or self.sm_count % k:
+            raise HbmsimError(f"{self.name}: a slice of 1/{k} needs k to divide sm_count = {self.sm_count}")
+        return dataclasses.replace(self.with_sms(self.sm_count // k), hbm_bytes_per_s=self.hbm_bytes_per_s / k,
+                                   hbm_capacity_bytes=self.hbm_capacity_bytes // k, l2_bytes=self.l2_bytes // k,
+                                   l2_bytes_per_s=self.l2_bytes_per_s / k)
+
     def with_overrides(self, overrides: dict, where: str = "hardware_overrides") -> "GPU":
         known = {f.name for f in dataclasses.fields(self)} - {"source"}
         for key in overrides:

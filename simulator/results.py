@@ -51,6 +51,19 @@ class KernelResult:
     host_ops: int = 1
     launched: bool = True
 
+    def scale(self, k: int) -> None:
+        """k alike copies of this kernel's work (fast mode's slices): every count, the grid and the
+        footprint times k; times, busy times and per-SM figures unchanged."""
+        self.grid *= k
+        self.folded_blocks *= k
+        self.matmul_flops *= k
+        self.vector_flops *= k
+        self.exp_ops *= k
+        self.sram_read_bytes *= k
+        self.hbm_peak_bytes *= k
+        for t in self.tensors.values():
+            t.read, t.write, t.hbm_read, t.hbm_write = k * t.read, k * t.write, k * t.hbm_read, k * t.hbm_write
+
     def traffic(self, name: str) -> TensorTraffic:
         t = self.tensors.get(name)
         if t is None:
@@ -88,6 +101,15 @@ class SimResult:
     sim_events: int            # SimPy events the run scheduled (for the bench)
     outputs: dict = field(default_factory=dict)   # name -> numpy array (None in count-only)
     host: HostSpec | None = None   # the host that launches the kernels (None: the host effect is off)
+    # fast mode's slice (scenarios/runner.py): 1/slice_of of the GPU simulated, its counts times it
+    slice_of: int = 1
+
+    def scaled(self, k: int) -> "SimResult":
+        """This result of a 1/k slice as the whole GPU's (KernelResult.scale), said in slice_of."""
+        for kernel in self.kernels:
+            kernel.scale(k)
+        self.slice_of *= k
+        return self
 
     def select(self, pass_name: str | None = None) -> list:
         return [k for k in self.kernels if pass_name is None or k.pass_name == pass_name]
@@ -155,8 +177,9 @@ class SimResult:
             "time_s": time_s, "kernel_time_s": kernel_time_s, "cycles": round(kernel_time_s * self.clock_hz),
             "bound": self.bound(pass_name),
             "hbm_busy_s": sum(k.hbm_busy_s for k in ks), "compute_busy_s": sum(k.compute_busy_s for k in ks),
-            # blocks simulated / blocks in the grids: below 1 when folding extrapolated the rest
-            "simulated_fraction": simulated_fraction(ks),
+            # blocks simulated / blocks in the grids: below 1 when folding extrapolated the rest,
+            # or when a slice of the GPU stood for all of it
+            "simulated_fraction": simulated_fraction(ks) / self.slice_of, "slice_of": self.slice_of,
             "kernels": [k.to_dict(self.clock_hz) for k in ks],
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors(pass_name).items())},
         }

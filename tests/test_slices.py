@@ -1,0 +1,57 @@
+"""Fast mode's slices (scenarios/runner.py: slice_factor, sliced; GPU.slice_of; SimResult.scaled): a
+program with alike batch-heads that fold.py cannot fold (flash1) runs on 1/k of the GPU with 1/k of
+its batch, its counts taken k times. Checked against the full simulation."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hbmsim.algorithms.workload import Workload
+from hbmsim.scenarios.experiment import Config, Experiment, RunSpec
+from hbmsim.scenarios.runner import prepare, run_config, slice_factor
+from hbmsim.simulator import load_gpu
+
+HW = Path(__file__).resolve().parents[1] / "scenarios" / "hardware"
+A100, H100 = load_gpu(HW / "a100-sxm4-80gb.toml"), load_gpu(HW / "h100-sxm5-80gb.toml")
+
+
+def config(gpu, wl, passes=("forward",), algorithm="flash1", variant="fa1-kernel") -> Config:
+    cfg = Config(gpu, wl, RunSpec(algorithm, passes, {"variant": variant}))
+    return prepare(Experiment("slices", "test", gpu, [cfg])).configs[0]
+
+
+def test_a_slice_is_a_kth_of_the_gpu():
+    """A100: 108 SMs; a quarter has 27, with a quarter of the DRAM bandwidth and capacity, the L2
+    and its bandwidth, and the whole-GPU compute rates; per-SM figures unchanged."""
+    q = A100.slice_of(4)
+    assert (q.sm_count, q.hbm_bytes_per_s, q.hbm_capacity_bytes) == (27, 2039e9 / 4, 20_000_000_000)
+    assert (q.l2_bytes, q.l2_bytes_per_s) == (40 * 1024 * 1024 // 4, A100.l2_bytes_per_s / 4)
+    assert q.matmul_flops_per_s == pytest.approx(312e12 / 4) and q.vector_flops_per_s == pytest.approx(19.5e12 / 4)
+    assert (q.sram_bytes_per_sm, q.sram_bytes_per_s_per_sm, q.clock_hz) == (A100.sram_bytes_per_sm,
+                                                                             A100.sram_bytes_per_s_per_sm, 1.41e9)
+
+
+def test_which_runs_are_sliced():
+    wl = Workload(4, 32, 1024, 1024, 64)
+    assert slice_factor(config(A100, wl)) == 4                                  # 108 = 4 x 27, batch 4
+    assert slice_factor(config(H100, dataclasses.replace(wl, batch=1))) == 4   # 132 = 4 x 33, heads 32
+    assert slice_factor(config(A100, dataclasses.replace(wl, batch=2, heads=2, kv_heads=2))) == 2
+    assert slice_factor(config(A100, dataclasses.replace(wl, batch=3, heads=3, kv_heads=3))) == 1
+    assert slice_factor(config(A100, dataclasses.replace(wl, key_padding_mask=True))) == 1   # lengths differ
+    assert slice_factor(config(A100, wl, algorithm="flash2", variant="fa2-kernel")) == 1      # fold.py's
+
+
+@pytest.mark.parametrize("gpu, passes, causal", [(A100, ("forward",), False), (A100, ("forward",), True),
+                                                 (H100, ("forward", "backward"), False)])
+def test_a_slice_counts_exactly_and_times_within_a_percent(gpu, passes, causal):
+    """FA1's kernel, batch 4 x 16 heads, N = 1024, head dim 64: fast mode (a quarter of the GPU)
+    against the full simulation: L2-side bytes, FLOPs and the footprint exact, time within 1%,
+    DRAM bytes within 2%, and the result says a quarter of the blocks was simulated."""
+    cfg = config(gpu, Workload(4, 16, 1024, 1024, 64, causal=causal), passes)
+    fast, full = run_config(cfg, count_only=True, fast=True)[-1], run_config(cfg, count_only=True)[-1]
+    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops", "hbm_peak_bytes"):
+        assert fast[f] == full[f], f
+    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
+    for f in ("hbm_read_bytes", "hbm_write_bytes"):
+        assert fast[f] == pytest.approx(full[f], rel=0.02), f
+    assert fast["simulated_fraction"] == pytest.approx(full["simulated_fraction"] / 4)
