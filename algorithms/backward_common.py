@@ -22,6 +22,13 @@ def bwd_vector_flops(wl: Workload, rows: int, cols: int) -> int:
     return rows * cols * per + 4 * rows
 
 
+def unseen_kv_block(ctx, dK, dV, g: int, cols: slice, d: int, numeric: bool):
+    """A K/V block no query sees (causal): its gradients are zero, stored as such (a generator,
+    as the block's other calls)."""
+    z = np.zeros((cols.stop - cols.start, d)) if numeric else None
+    yield from ctx.store_tiles((dK[g], cols, slice(0, d), z), (dV[g], cols, slice(0, d), z))
+
+
 def named(program: Program) -> dict:
     """Every tensor of a program by name: its inputs and its outputs."""
     out = {t.name: t for t in program.inputs}

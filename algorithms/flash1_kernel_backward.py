@@ -13,7 +13,8 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads,
+                              unseen_kv_block)
 from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, load_kv_len, scaled_keep_mask
 from .flash1_kernel import BWD_WARPS_N, DOT_DO_O_ROWS, QUERY_STEP, fa1_kernel_forward, fa1_kernel_sram_bytes, key_blocks
@@ -87,8 +88,7 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
             cols, nc = slice(c0, c1), c1 - c0
             if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
-                z = np.zeros((nc, d)) if numeric else None
-                yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+                yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
                 continue
             k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
             dk_acc = dv_acc = None
@@ -136,8 +136,7 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         c0, c1, begin, _ = kblocks[j]
         cols, nc = slice(c0, c1), c1 - c0
         if begin >= n_steps:
-            z = np.zeros((nc, d)) if numeric else None
-            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return
         kv_len = yield from read_lens(ctx, g)
         k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))

@@ -20,7 +20,8 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .backward_common import bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads
+from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads,
+                              unseen_kv_block)
 from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, block_rows, load_kv_len, row_blocks_period, scaled_keep_mask
 from .flash2 import flash2_forward
@@ -140,8 +141,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         cols, nc = slice(c0, c1), c1 - c0
         i_first = causal_first_q_block(wl, c0, block_q)
         if i_first >= tr:       # no query sees this block: its gradients are zero
-            z = np.zeros((nc, d)) if numeric else None
-            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return
         kv_len = yield from load_kv_len(ctx, tensors, wl, g)
         k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))

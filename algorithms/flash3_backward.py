@@ -26,7 +26,7 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import WGMMA
 
-from .backward_common import bwd_vector_flops, recompute_p, tile_grads
+from .backward_common import bwd_vector_flops, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
 from .flash2_backward import flash2_backward
 from .flash3 import flash3_forward
@@ -73,8 +73,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         cols, nc = slice(c0, c1), c1 - c0
         i_first = causal_first_q_block(wl, c0, block_q)
         if i_first >= tr:        # no query sees this block: its gradients are zero
-            z = np.zeros((nc, d)) if numeric else None
-            yield from ctx.store_tiles((dK[g], cols, all_cols, z), (dV[g], cols, all_cols, z))
+            yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return
         kg = wl.kv_group(g)
         kv_load = ctx.prefetch((K[kg], cols, all_cols), (V[kg], cols, all_cols))
