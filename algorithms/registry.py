@@ -60,9 +60,9 @@ class AlgorithmSpec:
     # it needs Hopper's TMA and wgmma (GPU has_wgmma = 1; flash3): refused elsewhere in `resolved`,
     # and left out of the listings that run every program on any GPU (algorithms(), unless asked)
     needs_wgmma: bool = False
-    # fast mode may run it on a slice of the GPU (scenarios/runner.py: slice_factor): its batch-heads
-    # are alike and its launches are long blocks that fold.py cannot fold (flash1)
-    slices: bool = False
+    # (workload) -> whether fast mode may run it on a slice of the GPU (scenarios/runner.py:
+    # slice_factor): its batch-heads alike, every tensor one per batch-head (None: never)
+    slices: Callable[[Workload], bool] | None = None
 
     def kernel_of(self, mapping) -> str | None:
         """The real kernel that runs what `mapping` (its variant) describes, or None."""

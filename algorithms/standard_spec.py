@@ -114,5 +114,7 @@ SPEC = register(AlgorithmSpec(
     build=_build, io=_io, sram_bytes=_sram_bytes, steps=_steps,
     describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}" + ("" if m.variant == EAGER else f" {m.variant}"),
     nn_arrays=(4, 8), variants=VARIANTS, kernel="standard_attention",
+    # its causal mask is one N x N tensor for every batch-head: only unmasked runs are all per batch-head
+    slices=lambda wl: not wl.causal,
     no_emulation_reason="the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
                         "whose traffic a CPU emulation cannot count honestly"))

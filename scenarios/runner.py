@@ -95,12 +95,15 @@ def estimated_wall_s(cfg: Config, fast: bool = False) -> float:
     return spec.steps(cfg.workload, resolved_mapping(cfg), cfg.run.training, **extra) * WALL_S_PER_STEP
 
 
-# Fast mode's slices: a program whose batch-heads are alike and whose launches fold.py cannot fold
-# (AlgorithmSpec.slices: flash1, one long block per batch-head) runs on 1/k of the GPU with 1/k of
+# Fast mode's slices: a program whose batch-heads are alike, every tensor one per batch-head
+# (AlgorithmSpec.slices: flash1, whose long blocks fold.py cannot fold; standard without its shared
+# causal mask, whose many launches fold.py folds a wave at a time) runs on 1/k of the GPU with 1/k of
 # its batch-heads, and its counts are taken k times (GPU.slice_of, SimResult.scaled). Each SM then
 # sees what it sees in the whole GPU: the same blocks, the same share of DRAM and L2. Against the
-# full simulation (FA1's kernel, A100 and H100, N = 2048-4096, causal or not, forward and training):
-# time within 0.5%, DRAM bytes within 1.3%, L2-side bytes and FLOPs exact (tests/test_slices.py).
+# unsliced simulation (FA1's kernel, A100 and H100, N = 2048-8192, causal or not, forward and
+# training; PyTorch's attention at N = 1024-16384, training): time within 0.7%, DRAM bytes within
+# 1.3%, L2-side bytes and FLOPs exact (tests/test_slices.py). flash2 stays whole: its DRAM writes
+# moved 2-10% on a slice (a coarser L2 against its smaller capacity).
 SLICES = (4, 2)           # slice factors tried, largest first
 MIN_SLICE_SMS = 16        # a slice keeps at least this many SMs
 
@@ -110,7 +113,8 @@ def slice_factor(cfg: Config) -> int:
     the heads and KV heads) and leaves at least MIN_SLICE_SMS SMs; batch-heads that differ (key
     padding's lengths, a paged KV cache's block table) are never sliced."""
     wl, gpu = cfg.workload, cfg.gpu
-    if not cfg.run.spec.slices or wl.key_padding_mask or wl.kv_page_size:
+    slices = cfg.run.spec.slices
+    if slices is None or not slices(wl) or wl.key_padding_mask or wl.kv_page_size:
         return 1
     for k in SLICES:
         if gpu.sm_count % k == 0 and gpu.sm_count // k >= MIN_SLICE_SMS and (

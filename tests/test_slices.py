@@ -39,6 +39,9 @@ def test_which_runs_are_sliced():
     assert slice_factor(config(A100, dataclasses.replace(wl, batch=3, heads=3, kv_heads=3))) == 1
     assert slice_factor(config(A100, dataclasses.replace(wl, key_padding_mask=True))) == 1   # lengths differ
     assert slice_factor(config(A100, wl, algorithm="flash2", variant="fa2-kernel")) == 1      # fold.py's
+    assert slice_factor(config(A100, wl, algorithm="standard", variant="pytorch-bench")) == 4
+    causal = dataclasses.replace(wl, causal=True)      # its N x N causal mask is shared by every batch-head
+    assert slice_factor(config(A100, causal, algorithm="standard", variant="pytorch-bench")) == 1
 
 
 @pytest.mark.parametrize("gpu, passes, causal", [(A100, ("forward",), False), (A100, ("forward",), True),
@@ -55,3 +58,16 @@ def test_a_slice_counts_exactly_and_times_within_a_percent(gpu, passes, causal):
     for f in ("hbm_read_bytes", "hbm_write_bytes"):
         assert fast[f] == pytest.approx(full[f], rel=0.02), f
     assert fast["simulated_fraction"] == pytest.approx(full["simulated_fraction"] / 4)
+
+
+def test_pytorch_attention_on_a_slice_against_the_full_simulation():
+    """The FA2 paper's PyTorch baseline, training, batch 4 x 8 heads, N = 512, head dim 64, H100:
+    a quarter of the GPU against the full simulation, the same checks."""
+    cfg = config(H100, Workload(4, 8, 512, 512, 64), ("forward", "backward"), "standard", "pytorch-bench")
+    fast, full = run_config(cfg, count_only=True, fast=True)[-1], run_config(cfg, count_only=True)[-1]
+    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops", "hbm_peak_bytes"):
+        assert fast[f] == full[f], f
+    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
+    for f in ("hbm_read_bytes", "hbm_write_bytes"):
+        assert fast[f] == pytest.approx(full[f], rel=0.02), f
+    assert fast["slice_of"] == 4 and full["slice_of"] == 1
