@@ -36,7 +36,7 @@ from .program import Launch, Program
 from .results import KernelResult, SimResult
 from .simpy_adapter import Inline, events_scheduled
 from .host import DEFAULT_HOST
-from .time_model import TENSOR_OPS, WGMMA, SmRates, TimeModel, hbm_rate
+from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -80,7 +80,7 @@ class Machine:
         tensor_s, vector_s = rates.compute_s(tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
         sm = ctx.sm
         try:
-            if rates.pipes and tensor_op == WGMMA:
+            if rates.pipes and tensor_op in ASYNC_TENSOR_OPS:
                 # sm_pipes: an asynchronous wgmma kernel's GEMM on the tensor pipe, then (if its
                 # softmax needs the GEMM) its vector work on the vector pipe
                 tensor_done_s = self.sms[sm].reserve(tensor_s, after_s) if tensor_s else max(self.env._now, after_s)

@@ -81,6 +81,7 @@ MMA_SYNC, LIBRARY, WGMMA = "mma.sync", "library", "wgmma"
 # without an FP8 peak runs it at the fp16 rate
 WGMMA_FP8 = "wgmma.fp8"
 TENSOR_OPS = (MMA_SYNC, LIBRARY, WGMMA, WGMMA_FP8)
+ASYNC_TENSOR_OPS = (WGMMA, WGMMA_FP8)     # asynchronous warpgroup MMA: the sm_pipes effect applies
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,10 @@ def test_the_timeline_draws_each_named_role_on_its_own_track():
     (gemm0, soft0), (gemm1, soft1) = spans[ROLE_TID_BASE], spans[ROLE_TID_BASE + 1]
     assert gemm0 == pytest.approx((0.0, 1.0)) and soft0 == pytest.approx((1.0, 1.2))
     assert gemm1 == pytest.approx((1.0, 2.0)) and soft1 == pytest.approx((2.0, 2.2))
+
+
+def test_fp8_wgmma_overlaps_as_fp16_wgmma_does():
+    """The FP8 warpgroup MMA is as asynchronous as the fp16 one: the same two consumers overlap
+    (tiny GPU without an FP8 rate: the fp16 peak, so the same 2.2 us)."""
+    from hbmsim.simulator.time_model import WGMMA_FP8
+    assert simulate(tiny_gpu(), two_consumers(WGMMA_FP8), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
