@@ -27,8 +27,14 @@ def auto_blocks(sram_bytes_per_sm: int, itemsize: int, head_dim: int, seq_len_q:
     bc = math.ceil(m_elems / (4 * head_dim))
     br = min(bc, head_dim)
     br, bc = max(1, min(br, seq_len_q)), max(1, min(bc, seq_len_kv))
-    while fits is not None and not fits(br, bc) and (br > 1 or bc > 1):
-        if bc > 1 and bc >= br:
+    return (br, bc) if fits is None else halve_until(br, bc, fits)
+
+
+def halve_until(br: int, bc: int, fits, floor: int = 1) -> tuple[int, int]:
+    """Halve the larger block (B_c on a tie) until `fits(br, bc)`, none halved below `floor`
+    (the SRAM-fit rule of every flash program's "auto" blocks)."""
+    while not fits(br, bc) and (br > floor or bc > floor):
+        if bc > floor and bc >= br:
             bc //= 2
         else:
             br //= 2

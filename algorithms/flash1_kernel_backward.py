@@ -82,18 +82,21 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         return tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
                           None if keep is None else keep[g, r0:r1, c0:c1])
 
+    def load_kv(ctx, g, cols):
+        """K_j and V_j of key block `cols`, and its dK_j, dV_j accumulators (zeros; None without data)."""
+        k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
+        nc = cols.stop - cols.start
+        return (k, v, np.zeros((nc, d)), np.zeros((nc, d))) if numeric else (k, v, None, None)
+
     def bwd_loop(ctx, g):
         """compute_dq_dk_dv_1xN: one block per batch-head walks every key block."""
         kv_len = yield from read_lens(ctx, g)
         for j, (c0, c1, begin, next_begin) in enumerate(kblocks):
-            cols, nc = slice(c0, c1), c1 - c0
+            cols = slice(c0, c1)
             if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
                 yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
                 continue
-            k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
-            dk_acc = dv_acc = None
-            if numeric:
-                dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+            k, v, dk_acc, dv_acc = yield from load_kv(ctx, g, cols)
             for i in range(begin, n_steps):
                 rows, r0, r1, n = step_rows(i)
                 if j == 0:                            # Is_first: O read, D = rowsum(dO o O) written
@@ -134,15 +137,12 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
     def bwd_seqparallel(ctx, index):                  # compute_dq_dk_dv_seqparallel, grid (b, h, n_kb)
         j, g = divmod(index, g_count)                 # blockIdx.z = key block, slowest
         c0, c1, begin, _ = kblocks[j]
-        cols, nc = slice(c0, c1), c1 - c0
+        cols = slice(c0, c1)
         if begin >= n_steps:
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return
         kv_len = yield from read_lens(ctx, g)
-        k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
-        dk_acc = dv_acc = None
-        if numeric:
-            dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
+        k, v, dk_acc, dv_acc = yield from load_kv(ctx, g, cols)
         # (not coarsened in fast mode: each 16-row step waits for its own loads, no prefetch, and
         # eight steps at once hid seven of those waits: 9-10% faster than the full simulation)
         for i in range(begin, n_steps):

@@ -30,8 +30,9 @@ from hbmsim.simulator import HbmsimError, Launch, Program
 from hbmsim.simulator.tensor import COALESCED
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .common import (STATS_DTYPE, block_rows, unnormalised_softmax_step, input_tensors, masked_scores,
-                     online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
+from .blocks import halve_until
+from .common import (STATS_DTYPE, block_rows, input_tensors, masked_scores, online_softmax_vector_flops, output,
+                     row_blocks_period, scaled_keep_mask, unnormalised_softmax_step)
 from .common import tiles_per_step as coarse_step
 from .io_formulas import INDEX, STATS, flash2_kv_rows_read
 from .workload import AttentionData, Workload, causal_kv_end
@@ -272,11 +273,7 @@ def resolve(gpu, wl: Workload, m, training: bool) -> tuple:
     bkv = row.block_kv if m.block_kv == AUTO else m.block_kv
     if m.block_q == AUTO and m.block_kv == AUTO:
         limit, b0 = gpu.sram_bytes_per_sm, (bq, bkv)
-        while tc_sram_bytes(wl, bq, bkv, row.stages) > limit and max(bq, bkv) > MMA_M:
-            if bkv >= bq:
-                bkv //= 2
-            else:
-                bq //= 2
+        bq, bkv = halve_until(bq, bkv, lambda r, c: tc_sram_bytes(wl, r, c, row.stages) <= limit, floor=MMA_M)
         if (bq, bkv) != b0:
             notes.append(f"{RAWKERNEL_TC}: the kernel's blocks {b0[0]}x{b0[1]} do not fit sram_bytes_per_sm = "
                          f"{limit}: {bq}x{bkv}")

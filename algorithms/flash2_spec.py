@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from hbmsim.simulator import HbmsimError, Program
 
-from .blocks import AUTO, FlashBlocks, resolve_flash_blocks
+from .blocks import AUTO, FlashBlocks, halve_until, resolve_flash_blocks
 from .common import tiles_per_step
 from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
@@ -113,11 +113,7 @@ def fa2_kernel_blocks(sram_bytes_per_sm: int, wl: Workload) -> tuple[tuple, tupl
 def _fit(br: int, bc: int, need, limit: int, what: str, notes: list) -> tuple[int, int]:
     """Halve the larger block until `need` fits the simulated SRAM, saying so."""
     b0 = (br, bc)
-    while need(br, bc) > limit and (br > 1 or bc > 1):
-        if bc > 1 and bc >= br:
-            bc //= 2
-        else:
-            br //= 2
+    br, bc = halve_until(br, bc, lambda r, c: need(r, c) <= limit)
     if (br, bc) != b0:
         notes.append(f"the kernel's {what} blocks {b0[0]}x{b0[1]} do not fit sram_bytes_per_sm = {limit}: "
                      f"{br}x{bc}")

@@ -17,7 +17,8 @@ from hbmsim.simulator import Program, Tensor
 from .backward_common import d_o_tensor, grad_tensor
 from .gqa import reduce_kv_grads, repeat_launch
 from .common import MASK_DTYPE, input_tensors, output
-from .standard_kernels import GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, SOFTMAX_VECTOR_FLOPS, gemm_launch, panels_of
+from .standard_kernels import (GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, SOFTMAX_VECTOR_FLOPS, gemm_launch, panels_of,
+                               variant_program)
 from .standard_torch_kernels import (F32, broadcast_group, causal_triu_launch, copy_launch, fill_launch,
                                      key_padding_mask_tensor, own_group, padding_fill_launch, panel_launch,
                                      softmax_rows, softmax_rows_backward)
@@ -25,14 +26,11 @@ from .workload import AttentionData, Workload
 
 
 def attention_ref_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    return Program("attention_ref_forward", launches, inputs=tuple(inputs), outputs={"O": saved["O"]})
+    return variant_program("attention_ref", _forward, None, wl, data, gemm_tile)
 
 
 def attention_ref_training(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    grads = _backward(wl, data, gemm_tile, saved, launches)
-    return Program("attention_ref_training", launches, inputs=tuple(inputs), outputs={"O": saved["O"], **grads})
+    return variant_program("attention_ref", _forward, _backward, wl, data, gemm_tile)
 
 
 def _upcast(wl: Workload) -> bool:

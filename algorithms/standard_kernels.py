@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hbmsim.simulator import Launch, Tensor
+from hbmsim.simulator import Launch, Program, Tensor
 
 from .workload import Workload, allowed
 
@@ -23,6 +23,18 @@ from .workload import Workload, allowed
 GEMM_TILE = (128, 128, 128)
 SOFTMAX_VECTOR_FLOPS = 5       # per element: max, subtract + exp, sum, divide
 SOFTMAX_BWD_VECTOR_FLOPS = 4   # per element: dP * P, row sum, subtract, multiply
+
+
+def variant_program(name: str, forward, backward, wl: Workload, data, gemm_tile: tuple) -> Program:
+    """A standard variant's program: its kernel list `forward(wl, data, tile) -> (launches, inputs,
+    saved)` and, for training, `backward(wl, data, tile, saved, launches) -> gradients` appending
+    the backward's launches ("<name>_forward" or "<name>_training")."""
+    launches, inputs, saved = forward(wl, data, gemm_tile)
+    outputs = {"O": saved["O"]}
+    if backward is not None:
+        outputs.update(backward(wl, data, gemm_tile, saved, launches))
+    return Program(f"{name}_{'forward' if backward is None else 'training'}", launches, inputs=tuple(inputs),
+                   outputs=outputs)
 
 
 def gemm_tiles(m: int, n: int, k: int, tile: tuple) -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ from hbmsim.simulator import Launch, Program, Tensor
 from .backward_common import d_o_tensor, grad_tensor
 from .common import MASK_DTYPE, input_tensors, output
 from .standard_kernels import (GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, SOFTMAX_VECTOR_FLOPS, Panels, gemm_launch,
-                               panels_of, store_panel)
+                               panels_of, store_panel, variant_program)
 from .standard_torch_kernels import (add_dropout, add_dropout_backward, copy_launch, own_group, panel_launch,
                                      softmax_rows, softmax_rows_backward)
 from .workload import AttentionData, Workload, allowed
@@ -45,14 +45,11 @@ def megatron_fused_applies(wl: Workload) -> bool:
 
 
 def megatron_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    return Program("megatron_forward", launches, inputs=tuple(inputs), outputs={"O": saved["O"]})
+    return variant_program("megatron", _forward, None, wl, data, gemm_tile)
 
 
 def megatron_training(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    grads = _backward(wl, data, gemm_tile, saved, launches)
-    return Program("megatron_training", launches, inputs=tuple(inputs), outputs={"O": saved["O"], **grads})
+    return variant_program("megatron", _forward, _backward, wl, data, gemm_tile)
 
 
 def _upper_triangular(wl: Workload) -> bool:

@@ -19,7 +19,7 @@ from hbmsim.simulator import Program, Tensor
 
 from .backward_common import d_o_tensor, grad_tensor
 from .common import input_tensors, output
-from .standard_kernels import GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, gemm_launch, panels_of
+from .standard_kernels import GEMM_TILE, SOFTMAX_BWD_VECTOR_FLOPS, gemm_launch, panels_of, variant_program
 from .standard_torch_kernels import (F32, add_dropout, add_dropout_backward, broadcast_group, causal_triu_launch,
                                      copy_launch, fill_launch, key_padding_mask_tensor, own_group,
                                      padding_fill_launch, panel_launch, softmax_rows)
@@ -65,14 +65,11 @@ TORCH_BROADCAST_ADD_LANE_OPS = 56.8
 
 
 def pytorch_bench_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    return Program("pytorch_bench_forward", launches, inputs=tuple(inputs), outputs={"O": saved["O"]})
+    return variant_program("pytorch_bench", _forward, None, wl, data, gemm_tile)
 
 
 def pytorch_bench_training(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
-    launches, inputs, saved = _forward(wl, data, gemm_tile)
-    grads = _backward(wl, data, gemm_tile, saved, launches)
-    return Program("pytorch_bench_training", launches, inputs=tuple(inputs), outputs={"O": saved["O"], **grads})
+    return variant_program("pytorch_bench", _forward, _backward, wl, data, gemm_tile)
 
 
 def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tuple:

@@ -28,15 +28,11 @@ DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 DEFAULT_CAUSALS = (False, True)
 PAPER_TOKENS = 16384          # FA2 paper, section 4.1: batch size set so that batch x seqlen = 16k
 PAPER_HIDDEN = 2048           # FA2 paper, section 4.1: hidden dimension 2048, heads = 2048 / head dim
-# Kernels whose launch reads RunSpec.warps. kernels/traits.py's flash_attention_tc launch reads
-# getattr(spec, "warps", None); a KernelTraits field `takes_warps` overrides this list.
-WARPS_KERNELS = frozenset({TC_KERNEL})
 GRID_DTYPES = ("fp16", "fp32")      # the host builds the inputs as numpy fp16 / fp32 (no numpy bf16)
 
 
 def takes_warps(kernel: str) -> bool:
-    traits = kernel_traits(kernel)
-    return bool(getattr(traits, "takes_warps", kernel in WARPS_KERNELS))
+    return kernel_traits(kernel).takes_warps
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class KernelTraits:
     tiled: bool                 # takes block_q / block_kv: a KernelConfig, shared memory per block
     causal_mask_tensor: bool    # causal masking reads a (seq_len_q, seq_len_kv) bool mask built before the timing
     launch: Callable            # (spec, q, k, v, mask) -> (O, lse or None), one forward pass on CuPy arrays
+    takes_warps: bool = False   # compiled per warps per block too (RunSpec.warps)
 
 
 KERNELS: dict[str, KernelTraits] = {t.name: t for t in (
@@ -49,7 +50,7 @@ KERNELS: dict[str, KernelTraits] = {t.name: t for t in (
     KernelTraits("flash_attention_tc", "flash_attention_tc.cu (tensor cores: mma.sync m16n8k16, ldmatrix, cp.async)",
                  ("forward",),
                  "CUDA-event time of one forward pass, shared memory per block; DRAM / L2 bytes under ncu",
-                 tiled=True, causal_mask_tensor=False, launch=_launch_flash_attention_tc),
+                 tiled=True, causal_mask_tensor=False, launch=_launch_flash_attention_tc, takes_warps=True),
     KernelTraits("standard_attention", "CuPy matmuls + softmax.cu (S and P through global memory)", ("forward",),
                  "CUDA-event time of one forward pass; DRAM / L2 bytes under ncu",
                  tiled=False, causal_mask_tensor=True, launch=_launch_standard_attention),

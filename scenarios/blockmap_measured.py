@@ -31,7 +31,6 @@ PANELS = (("global_read_bytes", "L2-side reads", "MB", 1e-6), ("global_write_byt
           ("time_s", "time", "us", 1e6))
 # The flash2 variant that models each kernel's loads, stores and time (issue 24 items 3 and 4);
 # where it is not registered yet, flash2's default variant predicts and the report says so.
-MODELLED_BY = {"flash_attention": "rawkernel-teaching", "flash_attention_tc": "rawkernel-tc"}
 WORKLOAD_INTS = ("batch", "heads", "seq_len_q", "seq_len_kv", "head_dim")
 MAX_PLOTTED_WORKLOADS = 8
 
@@ -161,12 +160,12 @@ def hardware_of(doc: dict) -> str:
 
 def variant_for(kernel: str) -> tuple[str, str]:
     """(flash2 variant that predicts `kernel`, a note when it is not the kernel's own model)."""
-    variants = registry.get("flash2").variants
-    own = MODELLED_BY.get(kernel)
-    if own in variants:
+    flash2 = registry.get("flash2")
+    own = flash2.variant_modelling(kernel)          # the registry's variant_kernels
+    if own is not None:
         return own, ""
-    return variants[0], (f"no flash2 variant {own or kernel!r} models {kernel} yet: predicted with the default "
-                         f"variant {variants[0]!r} at the same blocks")
+    return flash2.variants[0], (f"no flash2 variant models {kernel}: predicted with the default variant "
+                                f"{flash2.variants[0]!r} at the same blocks")
 
 
 def _workload(r: dict):

@@ -20,6 +20,18 @@ def config(gpu, wl, passes=("forward",), algorithm="flash1", variant="fa1-kernel
     return prepare(Experiment("slices", "test", gpu, [cfg])).configs[0]
 
 
+def slice_against_full(cfg) -> tuple[dict, dict]:
+    """cfg's last result in fast mode (a slice) and in full: L2-side bytes, FLOPs, exps and the
+    footprint equal, time within 1%, DRAM bytes within 2%."""
+    fast, full = run_config(cfg, count_only=True, fast=True)[-1], run_config(cfg, count_only=True)[-1]
+    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops", "hbm_peak_bytes"):
+        assert fast[f] == full[f], f
+    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
+    for f in ("hbm_read_bytes", "hbm_write_bytes"):
+        assert fast[f] == pytest.approx(full[f], rel=0.02), f
+    return fast, full
+
+
 def test_a_slice_is_a_kth_of_the_gpu():
     """A100: 108 SMs; a quarter has 27, with a quarter of the DRAM bandwidth and capacity, the L2
     and its bandwidth, and the whole-GPU compute rates; per-SM figures unchanged."""
@@ -50,24 +62,13 @@ def test_a_slice_counts_exactly_and_times_within_a_percent(gpu, passes, causal):
     """FA1's kernel, batch 4 x 16 heads, N = 1024, head dim 64: fast mode (a quarter of the GPU)
     against the full simulation: L2-side bytes, FLOPs and the footprint exact, time within 1%,
     DRAM bytes within 2%, and the result says a quarter of the blocks was simulated."""
-    cfg = config(gpu, Workload(4, 16, 1024, 1024, 64, causal=causal), passes)
-    fast, full = run_config(cfg, count_only=True, fast=True)[-1], run_config(cfg, count_only=True)[-1]
-    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops", "hbm_peak_bytes"):
-        assert fast[f] == full[f], f
-    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
-    for f in ("hbm_read_bytes", "hbm_write_bytes"):
-        assert fast[f] == pytest.approx(full[f], rel=0.02), f
+    fast, full = slice_against_full(config(gpu, Workload(4, 16, 1024, 1024, 64, causal=causal), passes))
     assert fast["simulated_fraction"] == pytest.approx(full["simulated_fraction"] / 4)
 
 
 def test_pytorch_attention_on_a_slice_against_the_full_simulation():
     """The FA2 paper's PyTorch baseline, training, batch 4 x 8 heads, N = 512, head dim 64, H100:
     a quarter of the GPU against the full simulation, the same checks."""
-    cfg = config(H100, Workload(4, 8, 512, 512, 64), ("forward", "backward"), "standard", "pytorch-bench")
-    fast, full = run_config(cfg, count_only=True, fast=True)[-1], run_config(cfg, count_only=True)[-1]
-    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops", "hbm_peak_bytes"):
-        assert fast[f] == full[f], f
-    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
-    for f in ("hbm_read_bytes", "hbm_write_bytes"):
-        assert fast[f] == pytest.approx(full[f], rel=0.02), f
+    fast, full = slice_against_full(config(H100, Workload(4, 8, 512, 512, 64), ("forward", "backward"), "standard",
+                                           "pytorch-bench"))
     assert fast["slice_of"] == 4 and full["slice_of"] == 1
