@@ -40,7 +40,13 @@ from .config import KernelConfig
 from .traits import KernelTraits, kernel_traits
 
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum",
-               "lts__t_sectors_op_write.sum", "gpu__time_duration.sum")
+               "lts__t_sectors_op_write.sum", "gpu__time_duration.sum",
+               # the same sectors, only those the SMs sent (srcunit_tex): H100's L2 is two partitions
+               # joined by a fabric, and the all-sources counters above may also count the sectors one
+               # partition forwards to the other (srcunit_ltcfabric). Recorded as
+               # global_*_bytes_from_sm, to settle whether that is the 1.5x of the shipped L2 writes
+               # (docs/kernels.md).
+               "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_write.sum")
 L2_SECTOR_BYTES = 32
 TC_KERNEL = "flash_attention_tc"     # the tensor-core kernel (kernels/flash_attention_tc.cu): takes warps
 # ncu's settings, recorded in the provenance (ncu_settings(l2_start) adds cache_control): clocks
@@ -302,7 +308,10 @@ def smem_bytes(spec: RunSpec) -> int:
 def ncu_fields(kernels: list[dict]) -> dict:
     """Totals over a run's kernels in the results schema: DRAM bytes, L2-side bytes, per-kernel list."""
     total = lambda metric: sum(k.get(metric, 0.0) for k in kernels)
-    return {"hbm_read_bytes": int(total("dram__bytes_read.sum")),
+    from_sm = {f"global_{op}_bytes_from_sm": f"lts__t_sectors_srcunit_tex_op_{op}.sum" for op in ("read", "write")}
+    per_source = lambda k: {field: int(k[m] * L2_SECTOR_BYTES) for field, m in from_sm.items() if m in k}
+    return {**per_source({m: total(m) for m in from_sm.values() if all(m in k for k in kernels)}),
+            "hbm_read_bytes": int(total("dram__bytes_read.sum")),
             "hbm_write_bytes": int(total("dram__bytes_write.sum")),
             "global_read_bytes": int(total("lts__t_sectors_op_read.sum") * L2_SECTOR_BYTES),
             "global_write_bytes": int(total("lts__t_sectors_op_write.sum") * L2_SECTOR_BYTES),
@@ -311,7 +320,8 @@ def ncu_fields(kernels: list[dict]) -> dict:
                          "hbm_read_bytes": int(k.get("dram__bytes_read.sum", 0)),
                          "hbm_write_bytes": int(k.get("dram__bytes_write.sum", 0)),
                          "global_read_bytes": int(k.get("lts__t_sectors_op_read.sum", 0) * L2_SECTOR_BYTES),
-                         "global_write_bytes": int(k.get("lts__t_sectors_op_write.sum", 0) * L2_SECTOR_BYTES)}
+                         "global_write_bytes": int(k.get("lts__t_sectors_op_write.sum", 0) * L2_SECTOR_BYTES),
+                         **per_source(k)}
                         for k in kernels]}
 
 

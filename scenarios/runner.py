@@ -163,11 +163,14 @@ def with_data(cfg: Config, count_only: bool) -> bool:
 
 def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Callable | None = None,
                model: TimeModel | None = None, recorder=None, progress: Callable | None = None,
-               fast: bool = False) -> list[dict]:
+               fast: bool = False, forward_alone: bool = False) -> list[dict]:
     """Simulate one configuration, timed by `model` (default: every effect on); one result per
     requested pass (+ the total of a training step). `fast` (count-only runs without a trace or
     timeline): long inner loops run several tiles a step and steady launches are folded
-    (simulator/fold.py); the result says so in "fast" and "simulated_fraction"."""
+    (simulator/fold.py); the result says so in "fast" and "simulated_fraction". `forward_alone`
+    (a training run): one more result, the forward as a forward-only run of the same
+    configuration predicts it ("alone": true; SimResult.run_alone), so that validate simulates
+    one training run for a workload's forward-only and training measurements."""
     model = TimeModel() if model is None else model
     wl = cfg.workload
     training = "backward" in cfg.run.passes
@@ -191,12 +194,15 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
             errors["backward"] = max(float(np.max(np.abs(result.outputs[n].reshape(grads[n].shape) - grads[n])))
                                      for n in ("dQ", "dK", "dV"))
     passes = list(cfg.run.passes) + (["forward+backward"] if len(cfg.run.passes) == 2 else [])
+    alone = ["forward alone"] if forward_alone and training else []
     out = []
-    for p in passes:
-        select = None if p == "forward+backward" else p
-        r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
-             "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **result.to_dict(select),
-             "sim_events": result.sim_events, "time_model": model.describe(), "fast": fast}
+    for p in passes + alone:
+        select = None if p == "forward+backward" else p.split()[0]
+        of = result.run_alone(select) if p in alone else result
+        r = {"algorithm": cfg.run.algorithm, "pass": select or p, "hardware": cfg.gpu.name, "source": "predicted",
+             "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **of.to_dict(select),
+             "sim_events": result.sim_events, "time_model": model.describe(), "fast": fast,
+             **({"alone": True} if p in alone else {})}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
         hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}

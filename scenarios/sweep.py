@@ -29,7 +29,8 @@ def config_key(cfg, model: TimeModel, fast: bool = False) -> str:
     return json.dumps({"algorithm": cfg.run.algorithm, "passes": list(cfg.run.passes), "params": cfg.run.params,
                        "mapping": dataclasses.asdict(cfg.mapping) if cfg.mapping is not None else None,
                        "workload": workload_dict(cfg.workload), "hardware": cfg.gpu.summary(),
-                       "time_model": model.describe(), "fast": fast}, sort_keys=True, default=str)
+                       "time_model": model.describe(), "fast": fast,
+                       **({"l2_start": cfg.l2_start} if cfg.l2_start != "cold" else {})}, sort_keys=True, default=str)
 
 
 class ResultsLog:
@@ -81,19 +82,20 @@ WORKER_QUIET = {"distributed.worker.profile.enabled": False,
                 "distributed.worker.memory.monitor-interval": "1s"}
 
 
-def _task(cfg, count_only: bool, model: TimeModel, fast: bool) -> list:
-    return run_config(cfg, count_only, model=model, fast=fast)
+def _task(cfg, count_only: bool, model: TimeModel, fast: bool, forward_alone: bool = False) -> list:
+    return run_config(cfg, count_only, model=model, fast=fast, forward_alone=forward_alone)
 
 
 def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None = None, workers: int | None = None,
               scheduler: str | None = None, log: ResultsLog | None = None, results: list | None = None,
               on_result: Callable | None = None, progress: Callable | None = None, fast: bool = False,
-              on_config: Callable | None = None) -> list[dict]:
+              on_config: Callable | None = None, forward_alone: bool = False) -> list[dict]:
     """Run the experiment's configurations, those in `log` skipped, on `workers` local processes
     (a LocalCluster), on the cluster at `scheduler`, or here one after the other (neither given).
     `results` (the caller's list) holds, in the experiment's order, every configuration finished
     so far, so that an error or Ctrl-C keeps them; `on_result(results)`, `on_config(i, its results)`
-    and `progress(done, n, cfg, result, None)` are called as each one arrives. `fast`: as run_config."""
+    and `progress(done, n, cfg, result, None)` are called as each one arrives. `fast`,
+    `forward_alone`: as run_config."""
     model = TimeModel() if model is None else model
     results = [] if results is None else results
     keys = [config_key(cfg, model, fast) for cfg in exp.configs]
@@ -119,7 +121,7 @@ def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None
     pending = [i for i in range(n) if i not in got]
     if workers is None and scheduler is None:
         for i in pending:
-            arrived(i, run_config(exp.configs[i], count_only, model=model, fast=fast))
+            arrived(i, run_config(exp.configs[i], count_only, model=model, fast=fast, forward_alone=forward_alone))
         return results
     import dask
     from distributed import Client, LocalCluster, as_completed
@@ -135,7 +137,8 @@ def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None
             cluster.close()
         raise HbmsimError(f"--scheduler {scheduler}: cannot connect ({err})") from None
     try:
-        futures = {client.submit(_task, exp.configs[i], count_only, model, fast, pure=False, retries=RETRIES): i
+        futures = {client.submit(_task, exp.configs[i], count_only, model, fast, forward_alone, pure=False,
+                                 retries=RETRIES): i
                    for i in pending}
         for fut in as_completed(futures):
             arrived(futures[fut], fut.result())

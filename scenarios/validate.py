@@ -11,8 +11,9 @@ block sizes), simulate it count-only, and compare at two levels:
   (scenarios/kernel_rows.py), so that an off kernel shows as itself.
 Nothing here is fitted: the numbers say how far the model is off, never what a constant should be.
 
-Each distinct configuration is simulated once (a measured file's "backward" and
-"forward+backward" runs of one workload are one training simulation), in fast mode unless
+Each distinct configuration is simulated once (a measured file's "forward", "backward" and
+"forward+backward" runs of one workload are one training simulation: its forward with the L2
+write-back a forward-only run ends with stands for the forward-only run), in fast mode unless
 `full` (simulator/fold.py; within 1% of the full simulation where both were compared), on
 `workers` local processes (scenarios/sweep.py's Dask path; by default every core once there are
 AUTO_WORKERS_FROM configurations or more, `workers=1` to stay in this process). With `ablation`, every
@@ -142,6 +143,33 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
     return configs, jobs
 
 
+def share_training_runs(configs: list, jobs: list) -> tuple:
+    """(configs, jobs) with each forward-only configuration that has a training twin (the same
+    GPU, workload, program and resolved mapping, with a backward) left out and its jobs moved to
+    the twin: the twin's forward, with the L2 write-back a forward-only run ends with
+    (run_config's forward_alone), is what the forward-only run predicts, field for field
+    (tests/test_alone.py). `configs` are prepared (their mappings resolved)."""
+    key = lambda cfg, passes: config_key(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, passes=passes)),
+                                         BASELINE)
+    training = {key(cfg, cfg.run.passes): i for i, cfg in enumerate(configs) if cfg.run.passes == ("forward", "backward")}
+    twin = {i: training.get(key(cfg, ("forward", "backward"))) for i, cfg in enumerate(configs)
+            if cfg.run.passes == ("forward",)}
+    moved = [dataclasses.replace(j, config=twin.get(j.config) if twin.get(j.config) is not None else j.config)
+             for j in jobs]
+    kept = sorted({j.config for j in moved})
+    new_index = {old: new for new, old in enumerate(kept)}
+    return [configs[i] for i in kept], [dataclasses.replace(j, config=new_index[j.config]) for j in moved]
+
+
+def result_of(results: list, pass_name: str) -> dict:
+    """A measured run's pass among its configuration's results: a forward-only run's from a
+    training configuration is the forward as run alone (run_config's forward_alone)."""
+    alone = [x for x in results if x.get("alone")]
+    if pass_name == "forward" and alone:
+        return alone[0]
+    return next(x for x in results if x["pass"] == pass_name and not x.get("alone"))
+
+
 def ablation_models(model: TimeModel) -> dict:
     """{label: model} for an ablation: `model` with each of its effects that is on switched off in
     turn, then with every effect off ("all off": spec-sheet rates, a compute call as long as its
@@ -155,7 +183,7 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None)
     """The point of one measured run from its configuration's results (one per pass)."""
     r = job.run
     pass_name = r.get("pass", "forward")
-    res = next(x for x in results if x["pass"] == pass_name)
+    res = result_of(results, pass_name)
     wl = cfg.workload
     impl = r.get("implementation") or f"{cfg.run.algorithm} {r.get('variant', '')}".strip()
     n = wl.seq_len_q if wl.seq_len_q == wl.seq_len_kv else f"{wl.seq_len_q}x{wl.seq_len_kv}"   # decode: 1xN
@@ -182,6 +210,8 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     points = [] if points is None else points
     configs, jobs = plan(refs, only, max_seq_len)
     exp = prepare(Experiment("validate", "validate", configs[0].gpu, configs))
+    configs, jobs = share_training_runs(exp.configs, jobs)
+    exp = dataclasses.replace(exp, configs=configs)
     models = {"": model, **(ablation_models(model) if ablation else {})}
     n = len(models) * len(exp.configs)
     done: dict = {label: {} for label in models}
@@ -200,10 +230,10 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
         workers = os.cpu_count() or 1          # a long validation uses every core by default
     for label, m in models.items():
         run_sweep(exp, count_only=True, model=m, workers=workers if workers and workers > 1 else None, fast=not full,
-                  on_config=lambda i, rs, label=label: arrived(label, i, rs))
+                  on_config=lambda i, rs, label=label: arrived(label, i, rs), forward_alone=True)
 
     def pass_time(label: str, j: Job) -> float:
-        return next(x for x in done[label][j.config] if x["pass"] == j.run.get("pass", "forward"))["time_s"]
+        return result_of(done[label][j.config], j.run.get("pass", "forward"))["time_s"]
     points[:] = [point_of(j, exp.configs[j.config], done[""][j.config],
                           {label: pass_time(label, j) for label in models if label} if ablation else None)
                  for j in jobs]        # whole: in the files' order

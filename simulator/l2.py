@@ -114,6 +114,10 @@ class L2Cache:
         self.inserted_bytes += nbytes
         return True
 
+    def dirty(self) -> list:
+        """(owner, nbytes) of every dirty line, in flush's order; nothing changes."""
+        return [(line[2], line[0]) for line in self.lines.values() if line[1]]
+
     def flush(self) -> list:
         """Write back every dirty line (end of program): its (owner, nbytes); lines stay, clean."""
         out = []

@@ -63,6 +63,9 @@ class Machine:
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]
         self.rates = SmRates(gpu, self.model)
         self.kernels: list[KernelResult] = []
+        # pass -> (kernels before the next pass, its l2_writeback steps had it been the last):
+        # _note_writeback_alone
+        self.alone: dict = {}
         self.live_bytes = 0
 
     # ---- what contexts call -------------------------------------------------------------
@@ -249,9 +252,36 @@ class Machine:
     def _main(self, program: Program):
         self._alloc(program.inputs)
         self._warm_l2(program)
+        previous = None
         for launch in program.launches:
+            if previous is not None and launch.pass_name != previous:
+                self._note_writeback_alone(previous)
+            previous = launch.pass_name
             yield from self._run_launch(launch)
         yield from self._flush_l2()
+
+    def _note_writeback_alone(self, pass_name: str) -> None:
+        """At the end of pass `pass_name` (a later pass follows): the l2_writeback steps it would
+        end with were it the program's last, as _flush_l2 would run them now. Not simulated,
+        noted (SimResult.alone): the DRAM pool is idle between launches (a launch ends when its
+        stores have drained), so each step is its dirty bytes at the pool's rate plus its latency,
+        as the pool serves a lone request. A forward-only run is the training run's forward plus
+        these (validate simulates one for both; tests/test_alone.py checks the equality)."""
+        if self.l2 is None:
+            return
+        by_pass: dict = {}
+        for (name, owner_pass), nb in self.l2.dirty():
+            by_pass.setdefault(owner_pass, []).append((name, nb))
+        t_s, steps = self.env.now, []
+        for owner_pass, dirty in by_pass.items():
+            k = KernelResult("l2_writeback", 0, 0, 0, owner_pass, start_s=t_s, hbm_peak_bytes=self.live_bytes,
+                             host_ops=0, launched=False)
+            for name, nb in dirty:
+                k.traffic(name).hbm_write += nb
+            k.hbm_busy_s = sum(nb for _, nb in dirty) / self.hbm.rate_per_s
+            t_s = k.end_s = t_s + k.hbm_busy_s + self.hbm.latency_s
+            steps.append(k)
+        self.alone[pass_name] = (len(self.kernels), steps)
 
     def _warm_l2(self, program: Program) -> None:
         """A warm start: the inputs named by l2_start ("warm": all of them) are L2 lines before the
@@ -291,7 +321,7 @@ class Machine:
         events = events_scheduled(self.env)
         return SimResult(
             program=program.name, hardware=self.gpu.name, clock_hz=self.gpu.clock_hz,
-            kernels=self.kernels, sim_events=events,
+            kernels=self.kernels, sim_events=events, alone=self.alone,
             host=(self.model.host_spec or DEFAULT_HOST) if self.model.host else None,
             outputs={name: (None if t.data is None else t.data.copy()) for name, t in program.outputs.items()},
         )

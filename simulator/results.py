@@ -6,6 +6,7 @@ kernels of one pass (forward or backward).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .host import HostSpec, HostStep, PassTimes, pass_times
@@ -103,13 +104,26 @@ class SimResult:
     host: HostSpec | None = None   # the host that launches the kernels (None: the host effect is off)
     # fast mode's slice (scenarios/runner.py): 1/slice_of of the GPU simulated, its counts times it
     slice_of: int = 1
+    # pass -> (how many kernels ran before the next pass began, the l2_writeback steps that pass
+    # would have ended with had none followed): Machine._note_writeback_alone
+    alone: dict = field(default_factory=dict)
 
     def scaled(self, k: int) -> "SimResult":
         """This result of a 1/k slice as the whole GPU's (KernelResult.scale), said in slice_of."""
-        for kernel in self.kernels:
+        for kernel in self.kernels + [step for _, steps in self.alone.values() for step in steps]:
             kernel.scale(k)
         self.slice_of *= k
         return self
+
+    def run_alone(self, pass_name: str) -> "SimResult":
+        """Pass `pass_name` as a program of that pass alone would have run it: its kernels, then
+        the L2's write-back of what it left dirty (the forward of a training run, as a
+        forward-only run; the program's last pass is that already)."""
+        if pass_name not in self.alone:
+            return self
+        before, steps = self.alone[pass_name]      # (not the program's final write-back of its lines)
+        mine = [k for k in self.kernels[:before] if k.pass_name == pass_name]
+        return dataclasses.replace(self, kernels=mine + steps, alone={})
 
     def select(self, pass_name: str | None = None) -> list:
         return [k for k in self.kernels if pass_name is None or k.pass_name == pass_name]

@@ -62,6 +62,20 @@ def test_parse_ncu_csv():
     assert (f["hbm_read_bytes"], f["hbm_write_bytes"]) == (1_048_576, 2000)
     assert (f["global_read_bytes"], f["global_write_bytes"]) == (40000 * 32, 100 * 32)
     assert f["ncu_time_s"] == pytest.approx(12.345e-6)
+    assert "global_write_bytes_from_sm" not in f and "global_write_bytes_from_sm" not in f["kernels"][0]
+
+
+def test_parse_ncu_csv_keeps_the_sectors_the_sms_sent():
+    """lts__t_sectors_srcunit_tex_* (the SMs' own sectors, without what one L2 partition forwards
+    to the other) are kept beside the all-sources counts, per kernel and in total."""
+    line = NCU_CSV.splitlines()[6]
+    extra = "\n".join(line.replace("lts__t_sectors_op_write.sum", f"lts__t_sectors_srcunit_tex_op_{op}.sum")
+                      .replace('"100"', f'"{n}"') for op, n in (("read", 39000), ("write", 64)))
+    kernels = parse_ncu_csv(NCU_CSV.replace("==PROF== Disconnected", extra + "\n==PROF== Disconnected"))
+    f = ncu_fields(kernels)
+    assert (f["global_read_bytes_from_sm"], f["global_write_bytes_from_sm"]) == (39000 * 32, 64 * 32)
+    assert f["kernels"][0]["global_write_bytes_from_sm"] == 64 * 32
+    assert f["global_write_bytes"] == 100 * 32
 
 
 def test_every_programs_kernel_describes_itself():
