@@ -151,7 +151,8 @@ def share_training_runs(configs: list, jobs: list) -> tuple:
     (tests/test_alone.py). `configs` are prepared (their mappings resolved)."""
     key = lambda cfg, passes: config_key(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, passes=passes)),
                                          BASELINE)
-    training = {key(cfg, cfg.run.passes): i for i, cfg in enumerate(configs) if cfg.run.passes == ("forward", "backward")}
+    training = {key(cfg, cfg.run.passes): i for i, cfg in enumerate(configs)
+                if cfg.run.passes == ("forward", "backward")}
     twin = {i: training.get(key(cfg, ("forward", "backward"))) for i, cfg in enumerate(configs)
             if cfg.run.passes == ("forward",)}
     moved = [dataclasses.replace(j, config=twin.get(j.config) if twin.get(j.config) is not None else j.config)

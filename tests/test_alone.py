@@ -2,7 +2,6 @@
 training simulation plus the L2 write-back a forward-only run ends with is that forward-only run,
 field for field. validate relies on it to simulate one training run for a workload's forward-only
 and training measurements (validate.share_training_runs)."""
-import dataclasses
 import json
 from pathlib import Path
 
@@ -66,7 +65,8 @@ def test_a_training_runs_forward_alone_is_the_forward_only_run(gpu, wl, algorith
 
 def test_run_without_forward_alone_gives_the_passes_only():
     cfg = config(H100, Workload(2, 4, 256, 256, 64), ("forward", "backward"), "flash2", None)
-    assert [r["pass"] for r in run_config(cfg, count_only=True, fast=True)] == ["forward", "backward", "forward+backward"]
+    passes = [r["pass"] for r in run_config(cfg, count_only=True, fast=True)]
+    assert passes == ["forward", "backward", "forward+backward"]
     fwd = config(H100, Workload(2, 4, 256, 256, 64), ("forward",), "flash2", None)
     assert [r["pass"] for r in run_config(fwd, count_only=True, forward_alone=True)] == ["forward"]
 

@@ -1,6 +1,7 @@
 """`hbmsim explain`: the walkthrough's numbers come from the programs' own annotations and equal
 values worked out by hand (and the float64 reference)."""
 import json
+import re
 import math
 
 import numpy as np
@@ -221,3 +222,36 @@ def test_the_demo_lines_come_from_the_one_seed_example(a100):
                            "[[ 7.2   8.2   9.2  10.2 ]")
     diffs = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "max |O - reference|" in line]
     assert len(diffs) == len(X.registry.algorithms()) and max(diffs) < 1e-12
+
+
+def test_hopper_walkthrough_same_bytes_by_hand(capsys):
+    """`explain --hopper`: FA2 and FA3 on one head (N = 1024, d = 128, H100) move the same bytes and
+    FLOPs (the table's two columns equal: Q, K, V read once from DRAM, 3 x 1024 x 128 x 2 B =
+    786,432 B; O and lse written, 1024 x (256 + 4) = 266,240 B), a block's GEMMs are
+    2 x 2 x 128 x 1024 x 128 FLOPs, and FA3's vector pipe runs under its tensor pipe."""
+    assert main(["explain", "--hopper"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1].strip(): (m[2], m[3]) for m in re.finditer(r"^  ([A-Za-z0-9 ()-]+?)\s{2,}([\d,]+)\s+([\d,]+)$",
+                                                               out, re.M)}
+    for label in ("L2-side reads (B)", "L2-side writes (B)", "DRAM reads (B)", "DRAM writes (B)", "matmul FLOPs"):
+        assert rows[label][0] == rows[label][1], label
+    assert rows["DRAM reads (B)"][0] == f"{3 * 1024 * 128 * 2:,}" and rows["DRAM writes (B)"][0] == f"{266_240:,}"
+    assert f"= {2 * 2 * 128 * 1024 * 128:,} FLOP" in out
+    t2, t3 = (float(x) for x in re.search(r"kernel time \(predicted, us\)\s+([\d.]+)\s+([\d.]+)", out).groups())
+    assert t3 < t2
+    # section 3: the first events are the producer's loads of the ring's stages, then consumer 0's GEMM
+    events = re.findall(r"^\s+([\d.]+) -\s+([\d.]+)  (producer|consumer \d)\s+(.*)$", out, re.M)
+    assert [e[2] for e in events[:4]] == ["producer"] * 4
+    assert events[4][2:] == ("consumer 0", "wgmma GEMM, 2,883,584 FLOP")
+    tensor, vector, both = (float(x) for x in re.search(
+        r"tensor pipe busy ([\d.]+) us, vector pipe ([\d.]+) us, both at once ([\d.]+) us", out).groups())
+    assert 0 < both <= vector < tensor <= t3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hopper", "--decode"], "explain: --hopper walks through its own example: drop --decode"),
+    (["--hopper", "--hardware", "a100-sxm4-80gb"], "explain --hopper: a100-sxm4-80gb has no wgmma/TMA"),
+])
+def test_hopper_walkthrough_bad_input_is_one_line(capsys, args, message):
+    assert main(["explain", *args]) == 2
+    assert capsys.readouterr().err.startswith(f"hbmsim: error: {message}")

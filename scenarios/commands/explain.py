@@ -26,12 +26,28 @@ def add_parser(sub) -> None:
                    help="a decode step instead: 1 query row against 8 keys (or --random's), split over the KV "
                    "length (FA2's split-KV kernel) and combined")
     x.add_argument("--splits", type=count(1), default=2, help="splits of --decode (default 2, at most 128)")
-    x.add_argument("--hardware", default="a100-sxm4-40gb", help="preset or hardware TOML (default a100-sxm4-40gb)")
+    x.add_argument("--hopper", action="store_true",
+                   help="FlashAttention-3 against FlashAttention-2 on an H100 instead: the same bytes, "
+                   "the warp roles of one FA3 block and the pipes they keep busy (--hardware: a GPU with wgmma)")
+    x.add_argument("--hardware", help="preset or hardware TOML (default a100-sxm4-40gb; h100-sxm5-80gb with --hopper)")
     x.set_defaults(func=cmd_explain)
 
 
 def cmd_explain(args) -> int:
     from .. import explain as X
+    if args.hopper:
+        from ..explain_hopper import HARDWARE, explain_hopper
+        given = [f for f, v in (("--inputs", args.inputs), ("--random", args.random), ("--decode", args.decode),
+                                ("--causal", args.causal)) if v]
+        if given:
+            raise HbmsimError(f"explain: --hopper walks through its own example: drop {', '.join(given)}")
+        gpu = resolve_hardware(args.hardware or HARDWARE)
+        if not getattr(gpu, "has_wgmma", 0):
+            raise HbmsimError(f"explain --hopper: {gpu.name} has no wgmma/TMA (has_wgmma = 0): FlashAttention-3 "
+                              "needs a Hopper GPU such as h100-sxm5-80gb")
+        print(explain_hopper(gpu))
+        return 0
+    hardware = args.hardware or "a100-sxm4-40gb"
     opts = dict(scale=args.scale, causal=args.causal, block_q=args.block_q, block_kv=args.block_kv,
                 dtype=args.dtype)
     if args.inputs and args.random:
@@ -58,7 +74,7 @@ def cmd_explain(args) -> int:
         if value > n:
             raise HbmsimError(f"explain: {name} = {value} is longer than the sequence ({n} rows)")
     if args.decode:
-        print(X.explain_decode(ex, resolve_hardware(args.hardware), args.splits))
+        print(X.explain_decode(ex, resolve_hardware(hardware), args.splits))
         return 0
-    print(X.explain(ex, resolve_hardware(args.hardware)))
+    print(X.explain(ex, resolve_hardware(hardware)))
     return 0
