@@ -153,6 +153,12 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             # registers (MmaPV_is_RS); with several tiles a step, V's rows add up
             return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e)
 
+        def hand_over(gemms, turn_next):
+            for ev in gemms:
+                if ev.callbacks is not None:      # not done yet
+                    yield ev
+            turn_next.succeed()
+
         def consumer(w):
             w0, w1 = wgs[w]
             n = w1 - w0
@@ -180,7 +186,9 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     if numeric:
                         acc = pending[4][:, None] * acc + pending[3] @ v
                 if pingpong and n_wg > 1:
-                    turn[(w + 1) % n_wg].succeed()    # the next warpgroup may issue its GEMMs
+                    # the scheduler barrier lets the next warpgroup issue its GEMMs now; the tensor
+                    # cores run wgmma in issue order, so they start when these two are done
+                    ctx.fork(hand_over(s_ev + tuple(pv_ev), turn[(w + 1) % n_wg]))
                 yield from s_ev
                 # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1})
                 yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)

@@ -50,11 +50,15 @@ def _finite_delay(delay_s: float, name: str, rate_per_s: float, amount: float) -
 class SharedPool:
     """Processor-sharing server: `request(amount)` returns an event that fires when served."""
 
-    def __init__(self, env: simpy.Environment, rate_per_s: float, latency_s: float = 0.0, name: str = "pool"):
+    def __init__(self, env: simpy.Environment, rate_per_s: float, latency_s: float = 0.0, name: str = "pool",
+                 inline: bool = False):
         self.env = env
         self.rate_per_s = float(rate_per_s)
         self.latency_s = float(latency_s)
         self.name = name
+        # inline (latency 0 only): a finished request's callbacks run inside the wake-up that finishes
+        # it, once the pool's state is up to date, instead of one more scheduled event each
+        self._inline = inline and self.latency_s == 0.0
         self._virtual = 0.0          # work served to each in-flight request so far
         self._last_s = 0.0           # when _virtual was last brought up to date
         self._fifos: dict = {}       # request size -> deque of (finish tag, seq, event), in arrival order
@@ -152,12 +156,16 @@ class SharedPool:
         self._last_s = now
         v, latency_s, fire_after = self._virtual, self.latency_s, self._fire_after
         limit = v + _REL_EPS * v         # (v >= 0: it only grows from 0)
+        finished = [] if self._inline else None
         while heads:
             tag, _, fifo = heads[0]
             # Finished: served up to rounding, or so nearly that its finish time is `now` itself.
             if tag > limit and now + (tag - v) * n / rate > now:
                 break
-            fire_after(fifo.popleft()[2], latency_s)
+            if finished is None:
+                fire_after(fifo.popleft()[2], latency_s)
+            else:
+                finished.append(fifo.popleft()[2])
             n -= 1
             if fifo:                 # its FIFO's next request heads it now
                 heapreplace(heads, (fifo[0][0], fifo[0][1], fifo))
@@ -168,6 +176,11 @@ class SharedPool:
             self._virtual = 0.0      # idle: restart the virtual clock (keeps its rounding small)
             self._fifos.clear()      # (and forget the sizes seen)
         self._arm(now)
+        if finished:                 # inline: processed now, as env.step would (callbacks may request more)
+            for ev in finished:
+                callbacks, ev.callbacks = ev.callbacks, None
+                for callback in callbacks:
+                    callback(ev)
 
 
 class FifoPipe:

@@ -55,6 +55,17 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   other's GEMMs for only about a fifth of the time, far from the free overlap two pipes would
   give (tried: FA2's H100 forward then predicted 13% too fast at N >= 1024, from 13% too slow).
   Off: one pipe for every kernel.
+- pipe_sharing (with sm_pipes): the two pipes of a wgmma kernel's SM are shared by processor
+  sharing instead of served first come, first served: the requests of different warp roles
+  (warpgroups) in flight on a pipe share its rate equally, as the SM's four warp schedulers
+  interleave the instructions of their resident warps (one warp instruction per scheduler per
+  cycle, round robin among ready warps: H100 whitepaper, "H100 SM architecture"; CUDA C++
+  Programming Guide, "SIMT Architecture"); one role's requests on a pipe are served in its
+  program order (a warp issues in order). FIFO pipes let a warpgroup's whole GEMM finish before
+  the next one starts, which hides the other warpgroups' softmax more than the hardware does
+  (FIFO: FA3's backward and FP8 forward predicted 16% and 21% too fast against the FA3 paper,
+  median; with sharing 6% and 15%: docs/validation.md). machine.py: Machine.compute_shared.
+  Off: FIFO pipes.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -96,6 +107,7 @@ class TimeModel:
     registers: bool = True
     mma_operands: bool = True
     sm_pipes: bool = True
+    pipe_sharing: bool = True
     host: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);
     # None: host.DEFAULT_HOST, from public figures

@@ -1,12 +1,17 @@
-"""Warp roles (BlockContext.fork / event) and the SM's two pipes (time_model.py: sm_pipes), on the
-tiny machine of conftest.tiny_gpu: per SM 1e12 tensor FLOP/s and 5e10 FP32 operations/s (an FMA
-counted as 2 FLOPs), no host model, times worked out by hand.
+"""Warp roles (BlockContext.fork / event) and the SM's two pipes (time_model.py: sm_pipes,
+pipe_sharing), on the tiny machine of conftest.tiny_gpu: per SM 1e12 tensor FLOP/s and 5e10 FP32
+operations/s (an FMA counted as 2 FLOPs), no host model, times worked out by hand.
 
 Two consumer roles each do a GEMM of 1e6 FLOPs (1 us on the tensor pipe) and then its softmax,
 1e4 operations (0.2 us on the vector pipe):
-- wgmma (asynchronous), two pipes: role A's GEMM 0-1 us, its softmax 1-1.2 us under role B's GEMM
-  1-2 us; B's softmax 2-2.2 us: the block ends at 2.2 us.
-- the same with mma.sync, or with sm_pipes off: one pipe, 2 x (1 + 0.2) = 2.4 us.
+- wgmma (asynchronous), two pipes shared by the roles in flight (pipe_sharing, the default):
+  both GEMMs share the tensor pipe, 0-2 us, then both softmaxes the vector pipe, 2-2.4 us.
+- the same, but role B issues its GEMM after role A's has been served (FA3's ping-pong: the
+  scheduler barrier, then the tensor cores' issue order): A's GEMM 0-1 us, its softmax 1-1.2 us
+  under B's GEMM 1-2 us; B's softmax 2-2.2 us: the block ends at 2.2 us.
+- two FIFO pipes (pipe_sharing off): A's GEMM 0-1 us, B's 1-2 us (first come, first served), A's
+  softmax under it: 2.2 us without any barrier.
+- mma.sync, or sm_pipes off: one pipe, 2 x (1 + 0.2) = 2.4 us.
 """
 import pytest
 
@@ -31,8 +36,38 @@ def two_consumers(tensor_op: str) -> Program:
     return Program("roles", [Launch("k", 1, 0, block, tensor_op=tensor_op)])
 
 
-def test_an_async_kernel_overlaps_one_roles_softmax_with_the_others_gemm():
-    assert simulate(tiny_gpu(), two_consumers(WGMMA), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
+def handed_over(tensor_op: str) -> Program:
+    """Role B issues its GEMM once role A's has been served (flash3.py's ping-pong hand-over)."""
+    def block(ctx, _):
+        turn = ctx.event()
+
+        def a():
+            gemm = ctx.compute(**GEMM)
+            yield from gemm
+            turn.succeed()
+            yield from ctx.compute(**SOFTMAX)
+
+        def b():
+            yield turn
+            yield from ctx.compute(**GEMM, **SOFTMAX)
+        ra, rb = ctx.fork(a()), ctx.fork(b())
+        yield ra
+        yield rb
+    return Program("ping-pong", [Launch("k", 1, 0, block, tensor_op=tensor_op)])
+
+
+def test_unsynchronised_roles_share_the_pipes():
+    assert simulate(tiny_gpu(), two_consumers(WGMMA), model=MODEL).time_s == pytest.approx(2.4e-6, rel=1e-9)
+
+
+def test_a_handed_over_gemm_overlaps_one_roles_softmax_with_the_others_gemm():
+    assert simulate(tiny_gpu(), handed_over(WGMMA), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
+
+
+def test_fifo_pipes_overlap_without_a_barrier():
+    fifo = MODEL.off("pipe_sharing")
+    assert simulate(tiny_gpu(), two_consumers(WGMMA), model=fifo).time_s == pytest.approx(2.2e-6, rel=1e-9)
+    assert simulate(tiny_gpu(), handed_over(WGMMA), model=fifo).time_s == pytest.approx(2.2e-6, rel=1e-9)
 
 
 def test_mma_sync_and_sm_pipes_off_add_up():
@@ -64,8 +99,10 @@ def test_a_role_waits_at_an_event_until_another_releases_it():
 
 
 def test_the_timeline_draws_each_named_role_on_its_own_track():
-    """Two named consumers on SM 0: each role's compute lands on its own track, and consumer 1's
-    GEMM (1-2 us) runs while consumer 0's softmax (1-1.2 us) does."""
+    """Two named consumers on SM 0: each role's compute lands on its own track, drawn from when it
+    entered its pipe: both GEMMs share the tensor pipe (0-2 us), then both softmaxes the vector
+    pipe (2-2.4 us); with FIFO pipes consumer 1's GEMM (1-2 us) runs while consumer 0's softmax
+    (1-1.2 us) does."""
     from hbmsim.simulator.timeline import ROLE_TID_BASE, Timeline
 
     def block(ctx, _):
@@ -75,19 +112,22 @@ def test_the_timeline_draws_each_named_role_on_its_own_track():
         a, b = ctx.fork(consumer(), "consumer 0"), ctx.fork(consumer(), "consumer 1")
         yield a
         yield b
-    t = Timeline()
-    simulate(tiny_gpu(), Program("roles", [Launch("k", 1, 0, block, tensor_op=WGMMA)]), model=MODEL, recorder=t)
-    assert t.roles == {(0, "consumer 0"): ROLE_TID_BASE, (0, "consumer 1"): ROLE_TID_BASE + 1}
-    spans = {tid: sorted((e["ts"], e["ts"] + e["dur"]) for e in t.events
-                         if e.get("cat") == "compute" and e["tid"] == tid)
-             for tid in t.roles.values()}
-    (gemm0, soft0), (gemm1, soft1) = spans[ROLE_TID_BASE], spans[ROLE_TID_BASE + 1]
+
+    def spans(model) -> tuple:
+        t = Timeline()
+        simulate(tiny_gpu(), Program("roles", [Launch("k", 1, 0, block, tensor_op=WGMMA)]), model=model, recorder=t)
+        assert t.roles == {(0, "consumer 0"): ROLE_TID_BASE, (0, "consumer 1"): ROLE_TID_BASE + 1}
+        return tuple(sorted((e["ts"], e["ts"] + e["dur"]) for e in t.events
+                            if e.get("cat") == "compute" and e["tid"] == tid) for tid in t.roles.values())
+    (gemm0, soft0), (gemm1, soft1) = spans(MODEL)
+    assert gemm0 == gemm1 == pytest.approx((0.0, 2.0)) and soft0 == soft1 == pytest.approx((2.0, 2.4))
+    (gemm0, soft0), (gemm1, soft1) = spans(MODEL.off("pipe_sharing"))
     assert gemm0 == pytest.approx((0.0, 1.0)) and soft0 == pytest.approx((1.0, 1.2))
     assert gemm1 == pytest.approx((1.0, 2.0)) and soft1 == pytest.approx((2.0, 2.2))
 
 
 def test_fp8_wgmma_overlaps_as_fp16_wgmma_does():
     """The FP8 warpgroup MMA is as asynchronous as the fp16 one: the same two consumers overlap
-    (tiny GPU without an FP8 rate: the fp16 peak, so the same 2.2 us)."""
+    (tiny GPU without an FP8 rate: the fp16 peak, so the same 2.2 us when handed over)."""
     from hbmsim.simulator.time_model import WGMMA_FP8
-    assert simulate(tiny_gpu(), two_consumers(WGMMA_FP8), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
+    assert simulate(tiny_gpu(), handed_over(WGMMA_FP8), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
