@@ -260,8 +260,8 @@ class MachineContext:
         special-function unit) and SRAM reads, for as long as the time model (time_model.py) says.
         Returns the event to wait for (none when the SM is done already)."""
         m = self._m
-        if m.shared_pipes and self._launch.tensor_op in ASYNC_TENSOR_OPS:      # pipe_sharing
-            ev = m.compute_shared(self, ((int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops)),))
+        if m.shared_pipes is not None and self._launch.tensor_op in ASYNC_TENSOR_OPS:      # pipe_sharing
+            ev = m.shared_pipes.compute(self, ((int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops)),))
             return () if ev is None else (ev,)
         done_s = m.compute(self, int(matmul_flops), int(vector_flops), int(sram_bytes), int(exp_ops))
         now = m.env._now
@@ -309,8 +309,8 @@ class MachineContext:
         run back to back on this SM: the same time as calling `compute` for each, in one event
         (returned to wait for, as `compute` does)."""
         m = self._m
-        if m.shared_pipes and self._launch.tensor_op in ASYNC_TENSOR_OPS:      # pipe_sharing
-            ev = m.compute_shared(self, [(int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
+        if m.shared_pipes is not None and self._launch.tensor_op in ASYNC_TENSOR_OPS:      # pipe_sharing
+            ev = m.shared_pipes.compute(self, [(int(ph.get("matmul_flops", 0)), int(ph.get("vector_flops", 0)),
                                           int(ph.get("sram_bytes", 0)), int(ph.get("exp_ops", 0))) for ph in phases])
             return () if ev is None else (ev,)
         now = done_s = m.env._now

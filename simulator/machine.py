@@ -11,7 +11,7 @@ A block's calls reach the machine through its context (context.py).
   two pipes: a call's GEMM occupies the first and its softmax the second, so one warp role's
   softmax runs under another's GEMM as the kernel's schedule lets it. With pipe_sharing (the
   default) they are processor-sharing pools: the warp roles with work in flight on a pipe share
-  its rate, each role's own requests in its program order (compute_shared); without, FifoPipes.
+  its rate, each role's own requests in its program order (shared_pipes.py); without, FifoPipes.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
   robin over the SMs, then each freed slot takes the next block, like the hardware scheduler.
   Slots per SM = min(max_blocks_per_sm, SRAM per SM // SRAM per block, and with the `registers`
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gc
 import math
-from collections import deque
 from typing import Callable
 
 import simpy
@@ -37,7 +36,8 @@ from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
 from .program import Launch, Program
 from .results import KernelResult, SimResult
-from .simpy_adapter import Inline, Timer, events_scheduled
+from .shared_pipes import SharedPipes
+from .simpy_adapter import Inline, events_scheduled
 from .host import DEFAULT_HOST
 from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, SmRates, TimeModel, hbm_rate
 
@@ -65,12 +65,9 @@ class Machine:
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]
         self.rates = SmRates(gpu, self.model)
-        # pipe_sharing: a wgmma kernel's two pipes per SM as processor-sharing pools (compute_shared)
-        self.shared_pipes = self.model.pipe_sharing and self.model.sm_pipes
-        if self.shared_pipes:
-            self.tensor_ps = [SharedPool(self.env, 1.0, 0.0, f"sm{i}_tensor_ps", True) for i in range(gpu.sm_count)]
-            self.vector_ps = [SharedPool(self.env, 1.0, 0.0, f"sm{i}_vector_ps", True) for i in range(gpu.sm_count)]
-            self._role_queues: dict = {}      # (pool, warp role) -> its requests, the head in flight
+        # pipe_sharing: a wgmma kernel's two pipes per SM shared by its warp roles (shared_pipes.py)
+        self.shared_pipes = SharedPipes(self, gpu.sm_count) if self.model.pipe_sharing and self.model.sm_pipes \
+            else None
         self.kernels: list[KernelResult] = []
         # pass -> (kernels before the next pass, its l2_writeback steps had it been the last):
         # _note_writeback_alone
@@ -111,56 +108,6 @@ class Machine:
         except HbmsimError:                              # the pipe's clock left the float range
             self._too_slow(f"kernel {k.name}: a compute step of {matmul_flops} matmul flop, {vector_flops} vector "
                            f"flop and {sram_bytes} SRAM bytes")
-
-    def compute_shared(self, ctx: MachineContext, phases) -> Timer | None:
-        """pipe_sharing: compute calls (`phases`: (matmul_flops, vector_flops, sram_bytes, exp_ops)
-        each, dependent, run one after another) of a wgmma kernel on ctx's SM, whose tensor and
-        vector pipes are processor-sharing pools: each phase's GEMM on the tensor pool, then (serial
-        softmax) its vector work on the vector pool. Requests of one warp role (the SimPy process
-        that issues them) on one pool are served in order, each entering the pool when the role's
-        previous one there is done. Returns the event that fires when the last phase is done
-        (None if there is no work)."""
-        rates = self.rates
-        tensor_op = ctx._launch.tensor_op
-        works = []
-        for mf, vf, sb, ex in phases:
-            k = self.count_compute(ctx, mf, vf, sb, ex)
-            t_s, v_s = rates.compute_s(tensor_op, mf, vf, ex, sb)
-            if t_s or v_s:
-                works.append((t_s, v_s, {"matmul_flops": mf, "sram_bytes": sb}, {"vector_flops": vf, "exp_ops": ex}))
-        if not works:
-            return None
-        done = Timer()
-        done.callbacks = []
-        _SharedCall(self, ctx, k, iter(works), done, self.env.active_process)
-        return done
-
-    def _pipe_request(self, pool: SharedPool, proc, amount: float, then) -> None:
-        """`amount` seconds of work on a processor-sharing pipe for warp role `proc`, after the
-        role's earlier requests there; `then(start_s)` when served (start_s: when it entered)."""
-        if proc is None:
-            start_s = self.env._now
-            pool.request(amount).callbacks.append(lambda _ev: then(start_s))
-            return
-        key = (pool, proc)
-        queue = self._role_queues.get(key)
-        if queue is None:
-            queue = self._role_queues[key] = deque()
-        queue.append((amount, then))
-        if len(queue) == 1:
-            self._issue_head(pool, key, queue)
-
-    def _issue_head(self, pool: SharedPool, key, queue) -> None:
-        start_s = self.env._now
-
-        def served(_ev):
-            _, then = queue.popleft()
-            if queue:
-                self._issue_head(pool, key, queue)
-            else:
-                del self._role_queues[key]
-            then(start_s)
-        pool.request(queue[0][0]).callbacks.append(served)
 
     @staticmethod
     def count_compute(ctx: MachineContext, matmul_flops: int, vector_flops: int, sram_bytes: int,
@@ -219,11 +166,8 @@ class Machine:
     def _busy(self) -> tuple[float, list]:
         self.hbm._advance(self.env.now)
         busy = [max(t.busy_s, v.busy_s) for t, v in zip(self.sms, self.vector_pipes)]
-        if self.shared_pipes:
-            for i, (t, v) in enumerate(zip(self.tensor_ps, self.vector_ps)):
-                t._advance(self.env.now)
-                v._advance(self.env.now)
-                busy[i] = max(busy[i], t.busy_s, v.busy_s)
+        if self.shared_pipes is not None:
+            busy = [max(b, self.shared_pipes.busy_s(i)) for i, b in enumerate(busy)]
         return self.hbm.busy_s, busy
 
     def _run_launch(self, launch: Launch):
@@ -441,69 +385,6 @@ def block_registers(launch: Launch) -> int:
     warps = -(-launch.threads_per_block // WARP_THREADS)
     per_warp = -(-WARP_THREADS * launch.registers_per_thread // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
     return warps * per_warp
-
-
-class _SharedCall:
-    """One compute_shared call in flight: its phases, one after another, each GEMM then its
-    softmax (a plain object, not closures: no reference cycles for the collector, which is off
-    while the machine runs). With a recorder, each part is drawn from when it entered its pipe."""
-
-    __slots__ = ("m", "sm", "name", "block", "role", "works", "done", "proc", "work", "left")
-
-    def __init__(self, m: Machine, ctx, k, works, done, proc):
-        self.m, self.sm, self.name, self.block, self.role = m, ctx.sm, k.name, ctx.block, ctx.role
-        self.works, self.done, self.proc = works, done, proc
-        self.next_phase()
-
-    def _record(self, start_s: float, work: dict) -> None:
-        m = self.m
-        if m.recorder is not None:
-            m.recorder.compute(self.sm, self.name, self.block, start_s, m.env._now, work, role=self.role)
-
-    def next_phase(self, start_s: float | None = None) -> None:
-        """The previous phase's softmax (if any) is done: start the next phase, or finish."""
-        m = self.m
-        if start_s is not None:
-            self._record(start_s, self.work[3])
-        w = self.work = next(self.works, None)
-        if w is None:
-            done = self.done
-            callbacks, done.callbacks = done.callbacks, None     # processed now (as Inline is)
-            for callback in callbacks:
-                callback(done)
-            return
-        t_s, v_s = w[0], w[1]
-        if m.rates.serial:                    # the softmax needs the GEMM's S
-            if t_s:
-                m._pipe_request(m.tensor_ps[self.sm], self.proc, t_s, self.after_tensor)
-            else:
-                m._pipe_request(m.vector_ps[self.sm], self.proc, v_s, self.next_phase)
-        else:
-            self.left = (1 if t_s else 0) + (1 if v_s else 0)
-            if t_s:
-                m._pipe_request(m.tensor_ps[self.sm], self.proc, t_s, self.tensor_done)
-            if v_s:
-                m._pipe_request(m.vector_ps[self.sm], self.proc, v_s, self.vector_done)
-
-    def after_tensor(self, start_s: float) -> None:
-        self._record(start_s, self.work[2])
-        if self.work[1]:
-            self.m._pipe_request(self.m.vector_ps[self.sm], self.proc, self.work[1], self.next_phase)
-        else:
-            self.next_phase()
-
-    def tensor_done(self, start_s: float) -> None:
-        self._record(start_s, self.work[2])
-        self._one_done()
-
-    def vector_done(self, start_s: float) -> None:
-        self._record(start_s, self.work[3])
-        self._one_done()
-
-    def _one_done(self) -> None:
-        self.left -= 1
-        if not self.left:
-            self.next_phase()
 
 
 def check_program(gpu: GPU, program: Program) -> None:

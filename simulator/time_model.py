@@ -64,7 +64,7 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   program order (a warp issues in order). FIFO pipes let a warpgroup's whole GEMM finish before
   the next one starts, which hides the other warpgroups' softmax more than the hardware does
   (FIFO: FA3's backward and FP8 forward predicted 16% and 21% too fast against the FA3 paper,
-  median; with sharing 6% and 15%: docs/validation.md). machine.py: Machine.compute_shared.
+  median; with sharing 6% and 15%: docs/validation.md). shared_pipes.py.
   Off: FIFO pipes.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
