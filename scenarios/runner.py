@@ -193,16 +193,19 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
             grads = attention_backward(wl, data, data.d_o)
             errors["backward"] = max(float(np.max(np.abs(result.outputs[n].reshape(grads[n].shape) - grads[n])))
                                      for n in ("dQ", "dK", "dV"))
-    passes = list(cfg.run.passes) + (["forward+backward"] if len(cfg.run.passes) == 2 else [])
-    alone = ["forward alone"] if forward_alone and training else []
+    # (pass, run alone?): each requested pass, a training step's total, and the forward as a
+    # forward-only run would predict it (forward_alone)
+    passes = [(p, False) for p in cfg.run.passes]
+    passes += [("forward+backward", False)] if len(cfg.run.passes) == 2 else []
+    passes += [("forward", True)] if forward_alone and training else []
     out = []
-    for p in passes + alone:
-        select = None if p == "forward+backward" else p.split()[0]
-        of = result.run_alone(select) if p in alone else result
-        r = {"algorithm": cfg.run.algorithm, "pass": select or p, "hardware": cfg.gpu.name, "source": "predicted",
+    for p, alone in passes:
+        select = None if p == "forward+backward" else p
+        of = result.run_alone(p) if alone else result
+        r = {"algorithm": cfg.run.algorithm, "pass": p, "hardware": cfg.gpu.name, "source": "predicted",
              "workload": workload_dict(wl), **dataclasses.asdict(resolved_mapping(cfg)), **of.to_dict(select),
              "sim_events": result.sim_events, "time_model": model.describe(), "fast": fast,
-             **({"alone": True} if p in alone else {})}
+             **({"alone": True} if alone else {})}
         # max |simulated - float64 reference| over the pass's outputs (O; dQ, dK, dV); None: count-only
         r["max_abs_error"] = (max(errors.values()) if select is None else errors[select]) if numeric else None
         hw_point = {k: v for k, v in cfg.point.items() if k in HARDWARE_SWEEP_FIELDS}
