@@ -10,7 +10,7 @@ import numpy as np
 
 from hbmsim.simulator import Program, Tensor
 
-from .workload import AttentionData, Workload
+from .workload import AttentionData, Workload, causal_first_q_block
 
 # Per score element of a backward tile: recompute P (scale, sub, exp: 3), dS = P (dP - D) (2),
 # plus mask 1 and dropout 3 (regenerate, multiply P, multiply dP).
@@ -20,6 +20,15 @@ BWD_VECTOR_PER_SCORE = 5
 def bwd_vector_flops(wl: Workload, rows: int, cols: int) -> int:
     per = BWD_VECTOR_PER_SCORE + (1 if wl.masked else 0) + (3 if wl.dropout > 0 else 0)
     return rows * cols * per + 4 * rows
+
+
+def kv_block(wl: Workload, index: int, kv_blocks: int, block_kv: int, block_q: int) -> tuple:
+    """A key-parallel backward block's place: (batch-head, its key columns, how many, the first
+    query block that sees them: causal_first_q_block, 0 without a mask). Blocks run key block
+    by key block within a batch-head, as FA2's and FA3's grids (key blocks fastest)."""
+    g, j = divmod(index, kv_blocks)
+    c0, c1 = j * block_kv, min(wl.seq_len_kv, (j + 1) * block_kv)
+    return g, slice(c0, c1), c1 - c0, causal_first_q_block(wl, c0, block_q)
 
 
 def unseen_kv_block(ctx, dK, dV, g: int, cols: slice, d: int, numeric: bool):

@@ -20,12 +20,12 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, named, recompute_p, tile_grads,
-                              unseen_kv_block)
+from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, kv_block, named, recompute_p,
+                              tile_grads, unseen_kv_block)
 from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, block_rows, load_kv_len, row_blocks_period, scaled_keep_mask
 from .flash2 import flash2_forward
-from .workload import AttentionData, Workload, allowed, causal_first_q_block
+from .workload import AttentionData, Workload, allowed
 
 
 # What the backward's annotations (ctx.note below) mean, for `hbmsim explain`: a heading and, per
@@ -136,10 +136,8 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                                    (dQacc[g], rows, all_cols, np.zeros((n, d)) if numeric else None))
 
     def bwd(ctx, index):
-        g, j = divmod(index, tc)
-        c0, c1 = j * block_kv, min(nk, (j + 1) * block_kv)
-        cols, nc = slice(c0, c1), c1 - c0
-        i_first = causal_first_q_block(wl, c0, block_q)
+        g, cols, nc, i_first = kv_block(wl, index, tc, block_kv, block_q)
+        c0, c1 = cols.start, cols.stop
         if i_first >= tr:       # no query sees this block: its gradients are zero
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return

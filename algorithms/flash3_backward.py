@@ -26,11 +26,11 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import WGMMA
 
-from .backward_common import bwd_vector_flops, recompute_p, tile_grads, unseen_kv_block
+from .backward_common import bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
 from .flash2_backward import flash2_backward
 from .flash3 import flash3_forward
-from .workload import AttentionData, Workload, allowed, causal_first_q_block
+from .workload import AttentionData, Workload, allowed
 
 
 def flash3_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages_do: int) -> int:
@@ -68,10 +68,8 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     all_cols, one = slice(0, d), slice(0, 1)
 
     def main(ctx, index):
-        g, j = divmod(index, tc)
-        c0, c1 = j * block_kv, min(nk, (j + 1) * block_kv)
-        cols, nc = slice(c0, c1), c1 - c0
-        i_first = causal_first_q_block(wl, c0, block_q)
+        g, cols, nc, i_first = kv_block(wl, index, tc, block_kv, block_q)
+        c0, c1 = cols.start, cols.stop
         if i_first >= tr:        # no query sees this block: its gradients are zero
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return

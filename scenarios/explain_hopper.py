@@ -82,7 +82,7 @@ def _role_events(timeline: Timeline) -> list:
 def explain_hopper(gpu) -> str:
     """The whole walk-through as text (gpu: the H100 preset, or any GPU with wgmma)."""
     wl = WORKLOAD
-    fa2_cfg, fa2, _ = _run(gpu, "flash2", "fa2-kernel")
+    fa2_cfg, fa2, tl2 = _run(gpu, "flash2", "fa2-kernel")
     fa3_cfg, fa3, tl3 = _run(gpu, "flash3", None)
     lines = [f"FlashAttention-3 against FlashAttention-2 on the same bytes: {gpu.name}, batch {wl.batch}, "
              f"{wl.heads} head, N = {wl.seq_len_q}, head dim {wl.head_dim}, {wl.dtype} "
@@ -145,7 +145,7 @@ def explain_hopper(gpu) -> str:
     gemm, soft = _sm0_compute(tl3)
     g, s = _union_s(gemm), _union_s(soft)
     busy = lambda u: sum(b - a for a, b in u)
-    gemm2, soft2 = _sm0_compute(_run(gpu, "flash2", "fa2-kernel")[2])
+    gemm2, soft2 = _sm0_compute(tl2)
     lines += ["4. SM 0's pipes (from each run's timeline)",
               f"  FA2: compute busy {busy(_union_s(gemm2 + soft2)) * 1e6:.2f} us of {t2 * 1e6:.2f} us: "
               "GEMMs and softmax one after the other on its one pipe",

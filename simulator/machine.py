@@ -238,23 +238,32 @@ class Machine:
         if state.running == 0:
             state.done.succeed()
 
-    def _flush_l2(self):
-        """End of program: dirty L2 lines go to HBM, one `l2_writeback` step per pass that wrote
-        them, so each pass is credited with its own writes."""
-        if self.l2 is None:
-            return
+    def _writeback_steps(self, dirty_lines: list, start_s: float) -> list:
+        """One `l2_writeback` step per pass that wrote the dirty lines ((owner, bytes) each, as
+        l2.py gives them), so each pass is credited with its own writes: the L2's own work at the
+        pass's end, no launch. Their times are the caller's."""
         by_pass: dict = {}
-        for (name, pass_name), nb in self.l2.flush():
+        for (name, pass_name), nb in dirty_lines:
             by_pass.setdefault(pass_name, []).append((name, nb))
+        steps = []
         for pass_name, dirty in by_pass.items():
-            k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=self.env.now, hbm_peak_bytes=self.live_bytes,
-                             host_ops=0, launched=False)     # the L2's own work at the pass's end: no launch
-            self.kernels.append(k)
-            hbm0, _ = self._busy()
+            k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=start_s, hbm_peak_bytes=self.live_bytes,
+                             host_ops=0, launched=False)
             for name, nb in dirty:
                 k.traffic(name).hbm_write += nb
+            steps.append(k)
+        return steps
+
+    def _flush_l2(self):
+        """End of program: dirty L2 lines go to HBM (_writeback_steps), one step after another."""
+        if self.l2 is None:
+            return
+        for k in self._writeback_steps(self.l2.flush(), self.env.now):
+            k.start_s = self.env.now
+            self.kernels.append(k)
+            hbm0, _ = self._busy()
             # One request for the lot: the same bytes at the same shared bandwidth.
-            yield self.hbm.request(sum(nb for _, nb in dirty))
+            yield self.hbm.request(k.total("hbm_write"))
             k.end_s = self.env.now
             k.hbm_busy_s = self._busy()[0] - hbm0
 
@@ -278,18 +287,12 @@ class Machine:
         these (validate simulates one for both; tests/test_alone.py checks the equality)."""
         if self.l2 is None:
             return
-        by_pass: dict = {}
-        for (name, owner_pass), nb in self.l2.dirty():
-            by_pass.setdefault(owner_pass, []).append((name, nb))
-        t_s, steps = self.env.now, []
-        for owner_pass, dirty in by_pass.items():
-            k = KernelResult("l2_writeback", 0, 0, 0, owner_pass, start_s=t_s, hbm_peak_bytes=self.live_bytes,
-                             host_ops=0, launched=False)
-            for name, nb in dirty:
-                k.traffic(name).hbm_write += nb
-            k.hbm_busy_s = sum(nb for _, nb in dirty) / self.hbm.rate_per_s
+        steps = self._writeback_steps(self.l2.dirty(), self.env.now)
+        t_s = self.env.now
+        for k in steps:
+            k.start_s = t_s
+            k.hbm_busy_s = k.total("hbm_write") / self.hbm.rate_per_s
             t_s = k.end_s = t_s + k.hbm_busy_s + self.hbm.latency_s
-            steps.append(k)
         self.alone[pass_name] = (len(self.kernels), steps)
 
     def _warm_l2(self, program: Program) -> None:
