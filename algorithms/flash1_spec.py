@@ -103,5 +103,5 @@ SPEC = register(AlgorithmSpec(
     steps=lambda wl, m, training: flash_steps(wl, FlashBlocks(m.block_q, m.block_kv), training),
     describe=_describe, auto_fields=("block_q", "block_kv", "num_splits"), bool_fields=("bwd_parallel",),
     variants=(PAPER, FA1_KERNEL), match_fields=("block_q", "block_kv"),
-    slices=lambda wl: True,          # one long block per batch-head: fold.py cannot fold it, a slice can
+    slices=lambda wl, l2_bytes, k: True,          # one long block per batch-head: fold.py cannot fold it, a slice can
     no_kernel_reason="no kernel implements flash1 (the CUDA kernel is FlashAttention-2)"))

@@ -60,9 +60,10 @@ class AlgorithmSpec:
     # it needs Hopper's TMA and wgmma (GPU has_wgmma = 1; flash3): refused elsewhere in `resolved`,
     # and left out of the listings that run every program on any GPU (algorithms(), unless asked)
     needs_wgmma: bool = False
-    # (workload) -> whether fast mode may run it on a slice of the GPU (scenarios/runner.py:
-    # slice_factor): its batch-heads alike, every tensor one per batch-head (None: never)
-    slices: Callable[[Workload], bool] | None = None
+    # (workload, L2 bytes of the whole GPU, slice factor k) -> whether fast mode may run it on a
+    # 1/k slice of the GPU (scenarios/runner.py: slice_factor): its batch-heads alike, and what
+    # they share (a causal mask) reused through the L2 alike in the slice and the whole (None: never)
+    slices: Callable[[Workload, int, int], bool] | None = None
 
     def kernel_of(self, mapping) -> str | None:
         """The real kernel that runs what `mapping` (its variant) describes, or None."""

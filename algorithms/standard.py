@@ -81,7 +81,7 @@ def _mask_tensors(wl: Workload, data: AttentionData | None) -> tuple:
     numeric = data is not None
     CM = KPM = None
     if wl.causal:
-        CM = Tensor("causal_mask", (1, nq, nk), MASK_DTYPE, count_only=not numeric)
+        CM = Tensor("causal_mask", (1, nq, nk), MASK_DTYPE, count_only=not numeric, shared=True)
         if numeric:
             CM.data[0] = allowed(Workload(1, 1, nq, nk, 1, causal=True), None, 0, nq, 0, nk)
     if wl.key_padding_mask:

@@ -80,8 +80,8 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
         inputs.append(KPM)
         L.append(padding_fill_launch("mask_padding", wl, data, panel, S, sc, KPM, -np.inf))
     if wl.causal:
-        ones = Tensor("causal_ones", (1, nq, nk), MASK_DTYPE, count_only=not numeric)
-        CM = Tensor("causal_mask", (1, nq, nk), MASK_DTYPE, count_only=not numeric)
+        ones = Tensor("causal_ones", (1, nq, nk), MASK_DTYPE, count_only=not numeric, shared=True)
+        CM = Tensor("causal_mask", (1, nq, nk), MASK_DTYPE, count_only=not numeric, shared=True)
         L.append(fill_launch("causal_ones", ones, tr, lambda rs: np.ones((rs.stop - rs.start, nk))))
         L.append(causal_triu_launch(wl, ones, CM, tr))
         L.append(panel_launch("mask_causal", wl, panel, [(S, own_group, sc), (CM, broadcast_group, sc)], [(S, sc)],

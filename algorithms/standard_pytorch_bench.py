@@ -96,13 +96,13 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
     if wl.causal:
         # S_masked = S + triu(full(-1e4)).to(dtype): -1e4 above the (bottom-right aligned) diagonal,
         # computed as -inf (see standard_torch_kernels.py)
-        full = Tensor("mask_full", (1, nq, nk), F32, count_only=not numeric)
-        triu = Tensor("mask_triu", (1, nq, nk), F32, count_only=not numeric)
+        full = Tensor("mask_full", (1, nq, nk), F32, count_only=not numeric, shared=True)
+        triu = Tensor("mask_triu", (1, nq, nk), F32, count_only=not numeric, shared=True)
         L.append(fill_launch("causal_full", full, tr, lambda rs: np.full((rs.stop - rs.start, nk), -np.inf)))
         L.append(causal_triu_launch(wl, full, triu, tr))
         cm = triu
         if wl.dtype != F32:
-            cm = Tensor("causal_mask", (1, nq, nk), wl.dtype, count_only=not numeric)
+            cm = Tensor("causal_mask", (1, nq, nk), wl.dtype, count_only=not numeric, shared=True)
             L.append(copy_launch("causal_to_dtype", [(triu, cm, False, None)], tr, allocs=(cm,), frees=(triu,)))
         Sm = output(wl, "S_masked", nq, nk, wl.dtype, data)
         L.append(panel_launch("causal_add", wl, panel, [(S, own_group, sc), (cm, broadcast_group, sc)], [(Sm, sc)],

@@ -90,7 +90,8 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
             yield from ctx.store(dst[g], cols, rows, None if x is None else x.T)
         else:
             yield from ctx.store(dst[g], rows, cols, x)
-    return Launch(name, len(jobs), 0, block, allocs, frees, pass_name)
+    # (a copy into a tensor every batch-head shares is itself shared: program.slice_shared)
+    return Launch(name, len(jobs), 0, block, allocs, frees, pass_name, shared=all(p[1].shared for p in pairs))
 
 
 def panel_launch(name: str, wl: Workload, panel: Panels, reads: list, writes: list, fn, flops: int,
@@ -134,7 +135,7 @@ def fill_launch(name: str, T: Tensor, tile_rows: int, value_fn, pass_name: str =
         rs = slice(i * rows, min(r, (i + 1) * rows))
         yield from ctx.compute(vector_flops=(rs.stop - rs.start) * c)
         yield from ctx.store(T[g], rs, slice(0, c), None if T.data is None else value_fn(rs))
-    return Launch(name, g_count * per, 0, block, (T,), (), pass_name)
+    return Launch(name, g_count * per, 0, block, (T,), (), pass_name, shared=T.shared)
 
 
 def causal_triu_launch(wl: Workload, src: Tensor, dst: Tensor, tile_rows: int) -> Launch:
@@ -148,7 +149,7 @@ def causal_triu_launch(wl: Workload, src: Tensor, dst: Tensor, tile_rows: int) -
         x = yield from ctx.load(src[0], rs, slice(0, c))
         yield from ctx.compute(vector_flops=(rs.stop - rs.start) * c)
         yield from ctx.store(dst[0], rs, slice(0, c), None if x is None else np.where(causal_allowed(wl, rs), 0.0, x))
-    return Launch("causal_triu", math.ceil(r / rows), 0, block, (dst,), (), "forward")
+    return Launch("causal_triu", math.ceil(r / rows), 0, block, (dst,), (), "forward", shared=dst.shared)
 
 
 def padding_fill_launch(name: str, wl: Workload, data: AttentionData | None, panel: Panels, T: Tensor,

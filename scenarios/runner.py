@@ -16,7 +16,7 @@ import numpy as np
 
 from hbmsim.algorithms.reference import attention_backward, attention_forward
 from hbmsim.algorithms.workload import Workload, random_data
-from hbmsim.simulator import HbmsimError, TimeModel, check_program, simulate
+from hbmsim.simulator import HbmsimError, TimeModel, check_program, simulate, slice_shared
 
 from .experiment import HARDWARE_SWEEP_FIELDS, Config, Experiment
 
@@ -114,10 +114,10 @@ def slice_factor(cfg: Config) -> int:
     padding's lengths, a paged KV cache's block table) are never sliced."""
     wl, gpu = cfg.workload, cfg.gpu
     slices = cfg.run.spec.slices
-    if slices is None or not slices(wl) or wl.key_padding_mask or wl.kv_page_size:
+    if slices is None or wl.key_padding_mask or wl.kv_page_size:
         return 1
     for k in SLICES:
-        if gpu.sm_count % k == 0 and gpu.sm_count // k >= MIN_SLICE_SMS and (
+        if gpu.sm_count % k == 0 and gpu.sm_count // k >= MIN_SLICE_SMS and slices(wl, gpu.l2_bytes, k) and (
                 wl.batch % k == 0 or (wl.heads % k == 0 and wl.kv_heads % k == 0)):
             return k
     return 1
@@ -129,6 +129,21 @@ def sliced(cfg: Config, k: int) -> Config:
     wl = dataclasses.replace(wl, batch=wl.batch // k) if wl.batch % k == 0 else \
         dataclasses.replace(wl, heads=wl.heads // k, kv_heads=wl.kv_heads // k)
     return dataclasses.replace(cfg, gpu=cfg.gpu.slice_of(k), workload=wl, mapping=resolved_mapping(cfg))
+
+
+def sliced_program(cfg: Config, k: int) -> tuple:
+    """(the slice's config, its fast count-only program), the launches every batch-head shares
+    running one in k of their blocks (program.slice_shared); (cfg, None) when that does not split
+    evenly, or when the slice's k-th of HBM cannot hold the shared tensors whole beside its share."""
+    run = sliced(cfg, k)
+    program = slice_shared(build_program(run, None, True), k)
+    if program is None:
+        return cfg, None
+    try:
+        check_program(run.gpu, program)
+    except HbmsimError:
+        return cfg, None
+    return run, program
 
 
 def build_program(cfg: Config, data=None, fast: bool = False):
@@ -178,8 +193,10 @@ def run_config(cfg: Config, count_only: bool = False, seed: int = 0, trace: Call
     data = random_data(wl, seed) if numeric else None
     fast = fast and not numeric and trace is None and recorder is None
     k = slice_factor(cfg) if fast else 1
-    run = sliced(cfg, k) if k > 1 else cfg
-    result = simulate(run.gpu, build_program(run, data, fast), trace, model=model, recorder=recorder,
+    run, program = sliced_program(cfg, k) if k > 1 else (cfg, None)
+    if program is None:                        # whole (not fast, or a slice that does not split evenly)
+        k, run, program = 1, cfg, build_program(cfg, data, fast)
+    result = simulate(run.gpu, program, trace, model=model, recorder=recorder,
                       progress=progress, fold=fast, l2_start=cfg.l2_start)
     if k > 1:
         result.scaled(k)

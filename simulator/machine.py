@@ -73,6 +73,7 @@ class Machine:
         # _note_writeback_alone
         self.alone: dict = {}
         self.live_bytes = 0
+        self.shared_live_bytes = 0    # of which tensors every batch-head shares (Tensor.shared)
 
     # ---- what contexts call -------------------------------------------------------------
     def compute(self, ctx: MachineContext, matmul_flops: int, vector_flops: int, sram_bytes: int,
@@ -158,6 +159,7 @@ class Machine:
 
     def _alloc(self, tensors) -> None:
         self.live_bytes += sum(t.nbytes for t in tensors)
+        self.shared_live_bytes += sum(t.nbytes for t in tensors if t.shared)
         if self.live_bytes > self.gpu.hbm_capacity_bytes:
             raise HbmsimError(
                 f"HBM footprint {self.live_bytes} bytes exceeds hbm_capacity_bytes = "
@@ -175,7 +177,8 @@ class Machine:
         slots = self.slots_per_sm(launch)
         self._alloc(launch.allocs)
         k = KernelResult(launch.name, launch.grid, launch.sram_bytes, slots, launch.pass_name,
-                         start_s=env.now, hbm_peak_bytes=self.live_bytes, host_ops=launch.host_ops)
+                         start_s=env.now, hbm_peak_bytes=self.live_bytes, hbm_shared_bytes=self.shared_live_bytes,
+                         host_ops=launch.host_ops)
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
@@ -202,6 +205,7 @@ class Machine:
         if state.fold is not None:
             state.fold.merge()
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
+        self.shared_live_bytes -= sum(t.nbytes for t in launch.frees if t.shared)
 
     def _worker(self, launch: Launch, sm: int, k: KernelResult, state: LaunchState, resident: list):
         """One block slot on one SM: runs blocks in linear order until the grid is exhausted.
@@ -248,6 +252,7 @@ class Machine:
         steps = []
         for pass_name, dirty in by_pass.items():
             k = KernelResult("l2_writeback", 0, 0, 0, pass_name, start_s=start_s, hbm_peak_bytes=self.live_bytes,
+                             hbm_shared_bytes=self.shared_live_bytes,
                              host_ops=0, launched=False)
             for name, nb in dirty:
                 k.traffic(name).hbm_write += nb

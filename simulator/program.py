@@ -11,7 +11,7 @@ engine (machine.py) runs programs, and its context (context.py) is what a block'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 from .tensor import TensorView
@@ -43,6 +43,9 @@ class Launch:
     # before this launch, the op that launches it included (host.py): 1 for a kernel an op of its
     # own launches; 0 for a kernel the same op launched after the previous one
     host_ops: int = 1
+    # its blocks build what every batch-head shares (the causal mask a framework materialises once):
+    # a fast-mode slice with 1/k of the batch-heads runs 1/k of them (slice_shared)
+    shared: bool = False
 
 
 @dataclass
@@ -113,3 +116,25 @@ class BlockContext(Protocol):
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
         passed to the machine's listener, and nothing at all when nobody listens."""
+
+
+def slice_shared(program: Program, k: int) -> Program | None:
+    """`program`, built for 1/k of the batch-heads on 1/k of the GPU (a fast-mode slice,
+    scenarios/runner.py), with each shared launch running one in k of its blocks (blocks 0, k, 2k,
+    ...): on a k-th of the SMs and DRAM the launch then takes its whole-GPU time, and k times its
+    counts are the whole launch's. None when a shared launch's grid is not a multiple of k (its
+    blocks would not split evenly)."""
+    launches = []
+    for launch in program.launches:
+        if launch.shared:
+            if launch.grid % k:
+                return None
+            launch = replace(launch, grid=launch.grid // k, block=_every_kth(launch.block, k))
+        launches.append(launch)
+    return replace(program, launches=launches)
+
+
+def _every_kth(block: Callable, k: int) -> Callable:
+    def kth_block(ctx, index):
+        return block(ctx, index * k)
+    return kth_block

@@ -40,6 +40,7 @@ class KernelResult:
     exp_ops: int = 0               # of the vector operations, exps (the special-function unit's work)
     sram_read_bytes: int = 0
     hbm_peak_bytes: int = 0        # HBM footprint while this kernel runs
+    hbm_shared_bytes: int = 0      # of which tensors every batch-head shares (Tensor.shared: a slice holds them whole)
     sram_peak_bytes: int = 0       # most SRAM one SM held for this kernel
     hbm_busy_s: float = 0.0        # time DRAM had a request in flight during this kernel
     compute_busy_s: float = 0.0    # busiest SM's compute time during this kernel
@@ -54,14 +55,15 @@ class KernelResult:
 
     def scale(self, k: int) -> None:
         """k alike copies of this kernel's work (fast mode's slices): every count, the grid and the
-        footprint times k; times, busy times and per-SM figures unchanged."""
+        footprint times k, less the shared tensors' (held once); times, busy times and per-SM
+        figures unchanged."""
         self.grid *= k
         self.folded_blocks *= k
         self.matmul_flops *= k
         self.vector_flops *= k
         self.exp_ops *= k
         self.sram_read_bytes *= k
-        self.hbm_peak_bytes *= k
+        self.hbm_peak_bytes = k * (self.hbm_peak_bytes - self.hbm_shared_bytes) + self.hbm_shared_bytes
         for t in self.tensors.values():
             t.read, t.write, t.hbm_read, t.hbm_write = k * t.read, k * t.write, k * t.hbm_read, k * t.hbm_write
 

@@ -22,9 +22,10 @@ WARP_THREADS = 32
 
 
 class Tensor:
-    __slots__ = ("name", "shape", "dtype", "itemsize", "data", "uid", "_views")
+    __slots__ = ("name", "shape", "dtype", "itemsize", "data", "uid", "_views", "shared")
 
-    def __init__(self, name: str, shape: tuple, dtype: str, data: np.ndarray | None = None, count_only: bool = False):
+    def __init__(self, name: str, shape: tuple, dtype: str, data: np.ndarray | None = None, count_only: bool = False,
+                 shared: bool = False):
         if dtype not in DTYPE_BYTES:
             raise HbmsimError(f"tensor {name}: dtype '{dtype}' unknown (known: {', '.join(DTYPE_BYTES)})")
         shape = tuple(int(s) for s in shape)
@@ -41,6 +42,9 @@ class Tensor:
         self.data = data
         self.uid = next(_ids)
         self._views = None
+        # one tensor for every batch-head (a causal mask broadcast over them): a fast-mode slice of
+        # the batch-heads (program.slice_shared) holds it whole, so its footprint is not taken k times
+        self.shared = shared
 
     @property
     def nbytes(self) -> int:

@@ -52,8 +52,12 @@ def test_which_runs_are_sliced():
     assert slice_factor(config(A100, dataclasses.replace(wl, key_padding_mask=True))) == 1   # lengths differ
     assert slice_factor(config(A100, wl, algorithm="flash2", variant="fa2-kernel")) == 1      # fold.py's
     assert slice_factor(config(A100, wl, algorithm="standard", variant="pytorch-bench")) == 4
-    causal = dataclasses.replace(wl, causal=True)      # its N x N causal mask is shared by every batch-head
-    assert slice_factor(config(A100, causal, algorithm="standard", variant="pytorch-bench")) == 1
+    # its causal mask, shared by every batch-head, is reused through the L2 alike in a slice and the
+    # whole GPU when a batch-head's mask pass (S, mask and output panels: 3 x N x N x 2 bytes) fits a
+    # quarter of the L2 (N = 1024: 6 MiB <= 10 MiB) or exceeds the whole L2 (N = 4096: 96 MiB > 40 MiB)
+    for n, k in ((1024, 4), (2048, 1), (4096, 4)):
+        causal = dataclasses.replace(wl, seq_len_q=n, seq_len_kv=n, causal=True)
+        assert slice_factor(config(A100, causal, algorithm="standard", variant="pytorch-bench")) == k, n
 
 
 @pytest.mark.parametrize("gpu, passes, causal", [(A100, ("forward",), False), (A100, ("forward",), True),
@@ -72,3 +76,38 @@ def test_pytorch_attention_on_a_slice_against_the_full_simulation():
     fast, full = slice_against_full(config(H100, Workload(4, 8, 512, 512, 64), ("forward", "backward"), "standard",
                                            "pytorch-bench"))
     assert fast["slice_of"] == 4 and full["slice_of"] == 1
+
+
+def test_causal_pytorch_attention_on_a_slice_builds_its_shared_mask_once():
+    """PyTorch's causal attention builds one N x N mask for every batch-head (causal_full,
+    causal_triu, causal_to_dtype). On a quarter of the GPU those launches run one block in four
+    (program.slice_shared), so four times their counts are the whole launch's (their times, about
+    2 us each here, within 12%; the passes' within 1%: slice_against_full); the mask is held once
+    in the footprint (Tensor.shared). Training, batch 4 x 16 heads, N = 1024, head dim 64, H100,
+    against the full simulation."""
+    cfg = config(H100, Workload(4, 16, 1024, 1024, 64, causal=True), ("forward", "backward"), "standard",
+                 "pytorch-bench")
+    fast, full = slice_against_full(cfg)
+    assert fast["slice_of"] == 4
+    kernels = {k["name"]: k for k in run_config(cfg, count_only=True, fast=True)[0]["kernels"]}
+    whole = {k["name"]: k for k in run_config(cfg, count_only=True)[0]["kernels"]}
+    for name in ("causal_full", "causal_triu", "causal_to_dtype"):
+        # 1024 rows in panels of 128: 8 blocks, two of which ran on the slice
+        assert kernels[name]["grid"] == whole[name]["grid"] == 8
+        for f in ("global_read_bytes", "global_write_bytes", "hbm_peak_bytes"):
+            assert kernels[name][f] == whole[name][f], (name, f)
+    # the fp32 mask written once: 1024 x 1024 x 4 bytes
+    assert kernels["causal_full"]["global_write_bytes"] == 1024 * 1024 * 4
+
+
+def test_a_shared_launch_that_does_not_split_evenly_is_not_sliced():
+    """slice_shared runs blocks 0, k, 2k, ... of a shared launch; with a grid that k does not
+    divide there is no such even split, and the program is refused (runner: the run stays whole)."""
+    from hbmsim.simulator import Launch, Program, slice_shared
+
+    def block(ctx, index):
+        yield from ()
+    program = Program("p", [Launch("mask", 6, 0, block, shared=True), Launch("gemm", 7, 0, block)])
+    halves = slice_shared(program, 2)
+    assert [launch.grid for launch in halves.launches] == [3, 7]
+    assert slice_shared(program, 4) is None
