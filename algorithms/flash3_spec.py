@@ -22,7 +22,7 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import tiles_per_step
-from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
+from .flash3 import WG_ROWS, fa3_tiles_per_step, flash3_forward, flash3_sram_bytes
 from .flash3_backward import flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
@@ -142,7 +142,8 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
     pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
     even = not wl.causal
-    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
+    fwd_step = fa3_tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even,
+                                  wl.groups * math.ceil(wl.seq_len_q / m.block_q)) if fast else 1
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
@@ -169,7 +170,9 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
     c, even = math.ceil, not wl.causal
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
-    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles, even) if fast else 1))
+    blocks = wl.groups * c(wl.seq_len_q / m.block_q)
+    fwd_step = fa3_tiles_per_step(kv_tiles, even, blocks) if fast else 1
+    steps = blocks * c(kv_tiles / fwd_step)
     if training:
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
         steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * c(q_tiles / (tiles_per_step(q_tiles, even)

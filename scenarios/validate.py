@@ -105,6 +105,12 @@ def config_of(path: str, i: int, r: dict) -> Config:
         w.pop("seq_len_q")
         w.pop("seq_len_kv")
     gpu = resolve_hardware(r["hardware"])
+    overrides = r.get("hardware_overrides")          # conditions the run was timed under (a locked clock)
+    if overrides is not None:
+        if not isinstance(overrides, dict):
+            raise HbmsimError(f"{where}: field 'hardware_overrides' = {overrides!r} must be a table of hardware "
+                              "fields")
+        gpu = gpu.with_overrides(overrides, f"{where}: hardware_overrides")
     spec = RunSpec(r["algorithm"], _passes(r.get("pass", "forward"), where))
     params = {k: r[k] for k in spec.spec.mapping_fields if r.get(k) is not None}
     spec = dataclasses.replace(spec, params=params)

@@ -121,7 +121,8 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     if folded:
         lines.append(f"fast mode: {len(folded)} of the {len(points)} runs folded, {100 * min(folded):.1f}% to "
                      f"{100 * max(folded):.1f}% of their blocks simulated and the rest extrapolated "
-                     "(steady launches folded, simulator/fold.py; flash1 on a slice of the GPU, scenarios/runner.py)")
+                     "(steady launches folded, simulator/fold.py; flash1 and PyTorch attention on a slice of the "
+                     "GPU, scenarios/runner.py)")
     if points[0].ablation:
         lines += ["", ablation_report(points)]
     return "\n".join(lines)

@@ -143,6 +143,28 @@ def test_shipped_published_set_is_the_conversion_of_its_csv():
     # 4 N^2 d heads batch / 638 TFLOPs/s: 4 x 4096^2 x 128 x 16 x 4 / 638e12
     assert run["time_s"] == pytest.approx(4 * 4096 ** 2 * 128 * 16 * 4 / 638e12, rel=1e-4)
     assert all(r["citation"].startswith("FlashAttention-3 paper") for r in shipped["runs"])
+    # the FP8 figure's "16k" is the benchmark's 16896 = 128 x 132, batch 1: 4 N^2 d heads / 1008 TFLOP/s
+    fp8 = next(r for r in shipped["runs"] if r["implementation"] == "fa3-fp8" and r["workload"]["head_dim"] == 128
+               and r["workload"]["batch"] == 1 and not r["workload"]["causal"])
+    assert fp8["workload"]["seq_len"] == 16896
+    assert fp8["time_s"] == pytest.approx(4 * 16896 ** 2 * 128 * 16 / 1008e12, rel=1e-4)
+
+
+def test_the_paper_runs_are_simulated_at_its_locked_1830_mhz_clock():
+    """The FA3 paper locked the clock at 1830 MHz (appendix C.1); validate builds each run's GPU
+    with the run's hardware_overrides: the per-clock rates of the preset (at its 1980 MHz) at 1830
+    MHz, the tensor-core peak (already at 1830 MHz) and DRAM unchanged."""
+    from hbmsim.scenarios.published_fa3 import FA3_PAPER_FILE
+    from hbmsim.scenarios.validate import config_of
+    shipped = json.loads(FA3_PAPER_FILE.read_text())
+    gpu = config_of(str(FA3_PAPER_FILE), 0, shipped["runs"][0]).gpu
+    assert gpu.clock_hz == 1.83e9
+    # 16,896 FP32 lanes x 2 FLOPs x 1.83 GHz; 128 B/clk of shared memory; 4472.3 B/clk of L2
+    assert gpu.vector_flops_per_s == pytest.approx(61.839e12, rel=1e-4)
+    assert gpu.sram_bytes_per_s_per_sm == pytest.approx(234.24e9) and gpu.l2_bytes_per_s == pytest.approx(8.1843e12,
+                                                                                                       rel=1e-4)
+    assert (gpu.matmul_flops_per_s, gpu.hbm_bytes_per_s) == (H100.matmul_flops_per_s, H100.hbm_bytes_per_s)
+    assert "hardware_overrides" in gpu.source["clock_hz"]
 
 
 def test_timeline_draws_each_role_on_a_track_of_its_own():
@@ -178,3 +200,32 @@ def test_run_prints_its_tiles_and_the_timeline_has_its_roles(tmp_path, capsys):
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert {"SM 0 producer", "SM 0 consumer 0", "SM 0 consumer 1"} <= tracks
+
+
+def test_fast_mode_takes_several_causal_tiles_a_step_in_a_long_grid_with_the_same_counts():
+    """Fast mode's causal rule (flash3.fa3_tiles_per_step): in a grid of 1,024 blocks or more,
+    tiles // 32 a step, 2 to 4, from 64 K/V tiles; in a shorter grid, and without a mask,
+    common.tiles_per_step's. The counts of coarse steps: batch 1, 2 heads, N = 2048, head dim 64,
+    tiles of 192 x 32 (up to 64 K/V tiles a block), two tiles a step forced: against a step per
+    tile, the same L2-side bytes, FLOPs and DRAM bytes (K/V loaded tile by tile)."""
+    from hbmsim.algorithms import flash3 as fa3
+    from hbmsim.scenarios.experiment import Config, Experiment, RunSpec
+    from hbmsim.scenarios.runner import prepare, run_config
+    rule = fa3.fa3_tiles_per_step
+    assert [rule(t, False, 1024) for t in (32, 63, 64, 96, 128, 1024)] == [1, 1, 2, 3, 4, 8]
+    assert [rule(t, False, 1023) for t in (64, 128, 1024)] == [1, 1, 8]        # a short grid: common's
+    assert [rule(t, True, 4096) for t in (32, 64, 128)] == [1, 4, 8]           # no mask: common's even rule
+    wl = Workload(1, 2, 2048, 2048, 64, causal=True)
+    cfg = prepare(Experiment("x", "x", H100, [Config(H100, wl, RunSpec("flash3", ("forward",),
+                                                                        {"block_q": 192, "block_kv": 32}))])).configs[0]
+    per_tile = run_config(cfg, True, fast=True)[0]
+    from hbmsim.algorithms import flash3_spec
+    fa3.fa3_tiles_per_step = flash3_spec.fa3_tiles_per_step = lambda tiles, even, blocks: 2
+    try:
+        coarse = run_config(cfg, True, fast=True)[0]
+    finally:
+        fa3.fa3_tiles_per_step = flash3_spec.fa3_tiles_per_step = rule
+    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops",
+              "hbm_read_bytes", "hbm_write_bytes"):
+        assert coarse[f] == per_tile[f], f
+    assert coarse["sim_events"] < 0.7 * per_tile["sim_events"]

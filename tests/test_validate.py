@@ -86,6 +86,9 @@ def test_family_stats_by_hand():
     (lambda r: r.update(variant="fa9-kernel"), "field 'variant' = 'fa9-kernel' must be one of fa2-kernel, paper"),
     (lambda r: r.update(time_s=-1.0), "field 'time_s' = -1.0 must be a finite number > 0"),
     (lambda r: r.update(hardware="b200"), "hardware 'b200' is neither a preset"),
+    (lambda r: r.update(hardware_overrides={"clock_ghz": 1.83}), "runs[0]: hardware_overrides: unknown hardware "
+                                                                  "field 'clock_ghz'"),
+    (lambda r: r.update(hardware_overrides=1830), "field 'hardware_overrides' = 1830 must be a table"),
 ])
 def test_bad_measured_file_is_one_line(tmp_path, capsys, change, message):
     doc = json.loads(SHIPPED.read_text())
