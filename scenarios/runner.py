@@ -95,15 +95,17 @@ def estimated_wall_s(cfg: Config, fast: bool = False) -> float:
     return spec.steps(cfg.workload, resolved_mapping(cfg), cfg.run.training, **extra) * WALL_S_PER_STEP
 
 
-# Fast mode's slices: a program whose batch-heads are alike, every tensor one per batch-head
-# (AlgorithmSpec.slices: flash1, whose long blocks fold.py cannot fold; standard without its shared
-# causal mask, whose many launches fold.py folds a wave at a time) runs on 1/k of the GPU with 1/k of
-# its batch-heads, and its counts are taken k times (GPU.slice_of, SimResult.scaled). Each SM then
-# sees what it sees in the whole GPU: the same blocks, the same share of DRAM and L2. Against the
-# unsliced simulation (FA1's kernel, A100 and H100, N = 2048-8192, causal or not, forward and
-# training; PyTorch's attention at N = 1024-16384, training): time within 0.7%, DRAM bytes within
-# 1.3%, L2-side bytes and FLOPs exact (tests/test_slices.py). flash2 stays whole: its DRAM writes
-# moved 2-10% on a slice (a coarser L2 against its smaller capacity).
+# Fast mode's slices: a program whose batch-heads are alike (AlgorithmSpec.slices: flash1, whose
+# long blocks fold.py cannot fold; standard attention, whose many launches fold.py folds a wave at a
+# time) runs on 1/k of the GPU with 1/k of its batch-heads, and its counts are taken k times
+# (GPU.slice_of, SimResult.scaled). Each SM then sees what it sees in the whole GPU: the same
+# blocks, the same share of DRAM and L2. What every batch-head shares (a causal mask: Tensor.shared)
+# the slice holds whole, and the launches that build it run one block in k (sliced_program,
+# program.slice_shared). Against the unsliced simulation (FA1's kernel, A100 and H100, N =
+# 2048-8192, causal or not, forward and training; PyTorch's attention at N = 1024-16384, training,
+# unmasked and causal): time within 0.7%, DRAM bytes within 1.3%, L2-side bytes and FLOPs exact
+# (tests/test_slices.py). flash2 stays whole: on a slice its DRAM writes moved 2-10%, and causal
+# runs' time 1-5%.
 SLICES = (4, 2)           # slice factors tried, largest first
 MIN_SLICE_SMS = 16        # a slice keeps at least this many SMs
 
