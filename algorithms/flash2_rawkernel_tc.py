@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program
-from hbmsim.simulator.tensor import COALESCED
+from hbmsim.simulator.tensor import COALESCED, SECTOR_BYTES
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .blocks import halve_until
@@ -233,8 +233,14 @@ def rawkernel_tc_forward(wl: Workload, block_q: int, block_kv: int, data: Attent
         yield from ctx.store_tiles((O[g], rows, all_cols, o_tile, COALESCED),
                                    (LSE[g], lse_rows, slice(0, 1), lse_tile, COALESCED))
 
+    # A period (fold.py) needs blocks a period apart to count alike. Their tiles are the same rows of
+    # another batch-head, which starts (G x rows x cols x itemsize) bytes further on: the same
+    # sectors only when Q's, K's and V's batch-heads are whole sectors (the lse's, Nq8 rows of 4
+    # bytes, always are). Else those launches never fold: Nk = 129, d = 8, fp16 has batch-heads of
+    # 2064 bytes, 64.5 sectors, and every other one touched one more sector per tile row end.
+    aligned = all(rows * d * e % SECTOR_BYTES == 0 for rows in (nq, nk))
     launch = Launch("flash_attention_tc", g_count * tr, tc_sram_bytes(wl, block_q, block_kv, stages), block,
-                    allocs=(O, LSE), tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq),
+                    allocs=(O, LSE), tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_q, nq) if aligned else 0,
                     threads_per_block=32 * warps, registers_per_thread=registers_per_thread)
     # "lse_padded": (G, Nq8, 1) as the kernel writes it; rows Nq.. are -inf
     return Program("flash2_rawkernel_tc_forward", [launch], inputs=tuple(tensors.values()),

@@ -22,7 +22,7 @@ from .registry import AlgorithmSpec, register
 from .standard import standard_forward
 from .standard_attention_ref import attention_ref_forward, attention_ref_training
 from .standard_backward import standard_training
-from .standard_kernels import GEMM_TILE, gemm_sram_bytes, gemm_tiles
+from .standard_kernels import GEMM_FAST_MAX_K_STEPS, GEMM_FAST_MIN_STEPS, GEMM_TILE, gemm_sram_bytes, gemm_tiles
 from .standard_megatron import megatron_forward, megatron_training
 from .standard_pytorch_bench import pytorch_bench_forward, pytorch_bench_training
 from .workload import AttentionData, Workload
@@ -82,9 +82,11 @@ class GemmTile:
         return (self.tile_m, self.tile_n, self.tile_k)
 
 
-def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool) -> Program:
+def _build(wl: Workload, m: GemmTile, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
+    """`fast`: the GEMMs' long k-loops take several k-steps a simulated step (GEMM_FAST_MAX_K_STEPS)."""
     kernels = KERNEL_LISTS[m.variant]
-    return (kernels.training if training else kernels.forward)(wl, data, m.tile)
+    tile = m.tile + ((GEMM_FAST_MAX_K_STEPS,) if fast else ())
+    return (kernels.training if training else kernels.forward)(wl, data, tile)
 
 
 def _io(wl: Workload, m: GemmTile, pass_name: str) -> dict:
@@ -99,13 +101,17 @@ def _sram_bytes(wl: Workload, m: GemmTile, training: bool) -> int:
     return max(gemm_sram_bytes(wl.itemsize, *gemm_tiles(a, b, c, m.tile)) for a, b, c in shapes)
 
 
-def _steps(wl: Workload, m: GemmTile, training: bool) -> int:
+def _steps(wl: Workload, m: GemmTile, training: bool, fast: bool = False) -> int:
     """Tile steps: the two GEMMs' k-steps (S = QK^T: Nq x Nkv outputs over d; O = PV: Nq x d
-    outputs over Nkv) and the elementwise kernels' tiles (counted as two per S tile)."""
+    outputs over Nkv; `fast`: several a step, as gemm_launch takes them) and the elementwise
+    kernels' tiles (counted as two per S tile)."""
     c = math.ceil
     tm, tn, tk = m.tile
     g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
-    steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * c(nk / tk))
+    pv_k_steps = c(nk / tk)
+    if fast:
+        pv_k_steps = c(pv_k_steps / max(1, min(GEMM_FAST_MAX_K_STEPS, pv_k_steps // GEMM_FAST_MIN_STEPS)))
+    steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * pv_k_steps)
     return steps * (3 if training else 1)
 
 
@@ -128,7 +134,7 @@ SPEC = register(AlgorithmSpec(
     name="standard", label="standard attention (PyTorch eager)", mapping_type=GemmTile,
     build=_build, io=_io, sram_bytes=_sram_bytes, steps=_steps,
     describe=lambda m: f"gemm {m.tile_m}x{m.tile_n}x{m.tile_k}" + ("" if m.variant == EAGER else f" {m.variant}"),
-    nn_arrays=(4, 8), variants=VARIANTS, kernel="standard_attention",
+    nn_arrays=(4, 8), variants=VARIANTS, kernel="standard_attention", coarsens=True,
     slices=_slices,
     no_emulation_reason="the emulation runs only the flash kernel: the standard baseline's GEMMs are cuBLAS, "
                         "whose traffic a CPU emulation cannot count honestly"))

@@ -270,3 +270,21 @@ def test_source_compiles_for_the_launch_rule(arch, dtype, head_dim):
     # all shared memory is dynamic (TcConfig.smem_bytes); 256 threads may use up to 255 registers
     assert r.static_smem_bytes == 0 and 0 < r.registers <= 255
     assert r.spill_store_bytes <= 64          # CUDA 13.0: 12-20 B at d = 64, none at d = 128
+
+
+def test_fast_mode_does_not_fold_batch_heads_of_part_sectors():
+    """Found by the fuzz test: with Nk = 129, d = 8, fp16 a batch-head of K is 2064 bytes, 64.5
+    sectors, so blocks a batch-head apart touch different sector counts and a fold would multiply
+    the wrong unit. Such launches do not fold: fast mode's K and V reads equal the closed form
+    (16 batch-heads of 129 rows; the closed form 33,536 bytes each, folding gave 33,728)."""
+    from hbmsim.algorithms.workload import Workload
+    from hbmsim.scenarios.experiment import Config, Experiment, RunSpec, resolve_hardware
+    from hbmsim.scenarios.runner import prepare, run_config
+    gpu = resolve_hardware("a100-sxm4-40gb").with_sms(1).with_overrides({"max_blocks_per_sm": 1, "l2_bytes": 0},
+                                                                         "test")
+    wl = Workload(4, 4, 1, 129, 8)
+    cfg = prepare(Experiment("x", "x", gpu, [Config(gpu, wl, RunSpec("flash2", ("forward",),
+                                                                      {"variant": "rawkernel-tc"}))])).configs[0]
+    fast = run_config(cfg, count_only=True, fast=True)[0]
+    io = cfg.run.spec.io(wl, cfg.mapping, "forward")
+    assert (fast["tensors"]["K"]["read"], fast["tensors"]["V"]["read"]) == (io["K"][0], io["V"][0]) == (33536, 33536)

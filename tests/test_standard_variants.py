@@ -51,6 +51,10 @@ def test_counts_equal_closed_forms(variant, wl, tile):
     assert counted(prog, "backward") == closed(variant, "backward", wl, tile)
     fwd = build(variant, wl, None, tile, False)
     assert counted(fwd, "forward") == closed(variant, "forward", wl, tile)
+    # fast mode: k-loops of 64+ k-steps take several a step (standard_kernels.GEMM_FAST_MAX_K_STEPS)
+    fast = STANDARD.build(wl, STANDARD.mapping_type(*tile, variant=variant), None, True, fast=True)
+    assert counted(fast, "forward") == closed(variant, "forward", wl, tile)
+    assert counted(fast, "backward") == closed(variant, "backward", wl, tile)
 
 
 # Shapes on which Megatron's fused kernels apply (multiples of 4/8, sk in 17..4096), so hypothesis
@@ -158,3 +162,25 @@ def test_megatron_causal_by_hand():
 def test_megatron_gate(fields, fused):
     wl = Workload(**{"batch": 2, "heads": 4, "head_dim": 8, **fields})
     assert megatron_fused_applies(wl) is fused and F.megatron_kernel_available(wl) is fused
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fast_mode_gemm_steps_keep_counts_and_numerics(variant):
+    """Fast mode's GEMMs take several k-steps a simulated step: batch 1, 2 heads, N = 256, head dim
+    16, tiles 32 x 32 x 4 (the P V and backward GEMMs' k-loops have 64 k-steps: 2 a step, 32
+    steps). The outputs and gradients equal the float64 reference, the counts the closed forms,
+    and fewer events are simulated."""
+    wl, tile = Workload(1, 2, 256, 256, 16, causal=True), (32, 32, 4)
+    data = random_data(wl, 3)
+    mapping = STANDARD.mapping_type(*tile, variant=variant)
+    fast = simulate(GPU, STANDARD.build(wl, mapping, data, True, fast=True))
+    o, _ = attention_forward(wl, data)
+    ref = attention_backward(wl, data, data.d_o)
+    np.testing.assert_allclose(fast.outputs["O"].reshape(o.shape), o, rtol=0, atol=1e-12)
+    for name in ("dQ", "dK", "dV"):
+        np.testing.assert_allclose(fast.outputs[name].reshape(ref[name].shape), ref[name], rtol=0, atol=1e-12)
+    whole = simulate(GPU, STANDARD.build(wl, mapping, None, True))
+    for pass_name in ("forward", "backward"):
+        assert {n: (t.read, t.write) for n, t in fast.tensors(pass_name).items() if t.read or t.write} == \
+            closed(variant, pass_name, wl, tile)
+    assert fast.sim_events < 0.8 * whole.sim_events
