@@ -137,13 +137,19 @@ def _registers(block_q: int) -> int:
     return REGISTERS_PER_SM // threads // 8 * 8
 
 
+def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
+    """K/V tiles a fast-mode forward step covers at most (flash3.fa3_tiles_per_step over the
+    longest loop, in the launch's grid of batch-heads x query blocks)."""
+    return fa3_tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal,
+                              wl.groups * math.ceil(wl.seq_len_q / m.block_q))
+
+
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     fp8 = _fp8(m)
     _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
     pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
     even = not wl.causal
-    fwd_step = fa3_tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even,
-                                  wl.groups * math.ceil(wl.seq_len_q / m.block_q)) if fast else 1
+    fwd_step = _fwd_step(wl, m) if fast else 1
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
@@ -170,9 +176,7 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
     c, even = math.ceil, not wl.causal
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
-    blocks = wl.groups * c(wl.seq_len_q / m.block_q)
-    fwd_step = fa3_tiles_per_step(kv_tiles, even, blocks) if fast else 1
-    steps = blocks * c(kv_tiles / fwd_step)
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (_fwd_step(wl, m) if fast else 1))
     if training:
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
         steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * c(q_tiles / (tiles_per_step(q_tiles, even)

@@ -30,6 +30,14 @@ GEMM_TILE = (128, 128, 128)
 # (Keeping 16 steps instead moved A100's backward at N = 4096, head dim 128, by +1.5%.)
 GEMM_FAST_MAX_K_STEPS = 4
 GEMM_FAST_MIN_STEPS = 32
+
+
+def gemm_k_steps_at_once(k_steps: int, most: int) -> int:
+    """k-steps one simulated step of a GEMM block covers: up to `most` (fast mode), keeping
+    GEMM_FAST_MIN_STEPS steps or more; 1 for a shorter k-loop."""
+    return max(1, min(most, k_steps // GEMM_FAST_MIN_STEPS))
+
+
 SOFTMAX_VECTOR_FLOPS = 5       # per element: max, subtract + exp, sum, divide
 SOFTMAX_BWD_VECTOR_FLOPS = 4   # per element: dP * P, row sum, subtract, multiply
 
@@ -69,7 +77,7 @@ def gemm_launch(name: str, A: Tensor, B: Tensor, C: Tensor, b_transposed: bool, 
     itemsize = A.itemsize
     numeric = A.data is not None
     k_steps = [slice(k0, min(kdim, k0 + tk)) for k0 in range(0, kdim, tk)]     # the same for every block
-    at_once = 1 if len(tile) < 4 else max(1, min(tile[3], len(k_steps) // GEMM_FAST_MIN_STEPS))
+    at_once = 1 if len(tile) < 4 else gemm_k_steps_at_once(len(k_steps), tile[3])
     step_groups = [k_steps[i:i + at_once] for i in range(0, len(k_steps), at_once)]
     row_tiles = [slice(r0, min(m, r0 + tm)) for r0 in range(0, m, tm)]        # C's tile rows, then columns
     col_tiles = [slice(c0, min(n, c0 + tn)) for c0 in range(0, n, tn)]

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from hbmsim.simulator import DTYPE_BYTES, Program
+from hbmsim.simulator import Program
 
 from . import io_formulas, io_standard_variants
 from .gqa import expands_kv, expands_kv_io
@@ -22,7 +22,7 @@ from .registry import AlgorithmSpec, register
 from .standard import standard_forward
 from .standard_attention_ref import attention_ref_forward, attention_ref_training
 from .standard_backward import standard_training
-from .standard_kernels import GEMM_FAST_MAX_K_STEPS, GEMM_FAST_MIN_STEPS, GEMM_TILE, gemm_sram_bytes, gemm_tiles
+from .standard_kernels import GEMM_FAST_MAX_K_STEPS, GEMM_TILE, gemm_k_steps_at_once, gemm_sram_bytes, gemm_tiles
 from .standard_megatron import megatron_forward, megatron_training
 from .standard_pytorch_bench import pytorch_bench_forward, pytorch_bench_training
 from .workload import AttentionData, Workload
@@ -110,7 +110,7 @@ def _steps(wl: Workload, m: GemmTile, training: bool, fast: bool = False) -> int
     g, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     pv_k_steps = c(nk / tk)
     if fast:
-        pv_k_steps = c(pv_k_steps / max(1, min(GEMM_FAST_MAX_K_STEPS, pv_k_steps // GEMM_FAST_MIN_STEPS)))
+        pv_k_steps = c(pv_k_steps / gemm_k_steps_at_once(pv_k_steps, GEMM_FAST_MAX_K_STEPS))
     steps = g * (c(nq / tm) * c(nk / tn) * (c(d / tk) + 2) + c(nq / tm) * c(d / tn) * pv_k_steps)
     return steps * (3 if training else 1)
 
@@ -126,7 +126,7 @@ def _slices(wl: Workload, l2_bytes: int, k: int) -> bool:
     whole hits (PyTorch's forward at N = 2048: DRAM reads +31%, time +6..+14% on a slice)."""
     if not wl.causal:
         return True
-    reuse_bytes = 3 * wl.seq_len_q * wl.seq_len_kv * DTYPE_BYTES[wl.dtype]
+    reuse_bytes = 3 * wl.seq_len_q * wl.seq_len_kv * wl.itemsize
     return reuse_bytes <= l2_bytes // k or reuse_bytes >= l2_bytes
 
 
