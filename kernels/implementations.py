@@ -46,6 +46,18 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         in_fa2_paper="attention_pytorch of benchmarks/benchmark_flash_attention.py",
         timed_here="attention_pytorch of the flash-attention repository's benchmarks/benchmark_flash_attention.py, "
                    "reproduced op for op"),
+    # Hopper's warp-specialised kernels (issue 26), simulated by the flash3 program (a GPU without TMA and
+    # wgmma is refused: kernels/library_timing.make_fn skips them there, the reason in the file).
+    Implementation(
+        "cudnn", "flash3", "fa3-kernel",
+        timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.CUDNN_ATTENTION (cuDNN's "
+                   "fused flash attention, cuDNN {cudnn} in torch {torch}; on sm90 a warp-specialised kernel with "
+                   "TMA loads and wgmma GEMMs, as FlashAttention-3's: not FA3 itself, its tiles and schedule are "
+                   "cuDNN's own)"),
+    Implementation(
+        "fa3", "flash3", "fa3-kernel",
+        timed_here="flash_attn_interface.flash_attn_func of FlashAttention-3 (the hopper/ directory of "
+                   "Dao-AILab/flash-attention, built on the machine; version in the provenance)"),
     # Decode (issue 25): the FA2 kernels with grouped-query heads, one query row per sequence, num_splits
     # and pack_gqa "auto" (FA2's num_splits_heuristic and seqlenq_ngroups_swapped).
     Implementation(

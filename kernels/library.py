@@ -1,6 +1,7 @@
 """`python -m hbmsim.kernels.library`: the command that times the attention implementations
-others ship (PyTorch's FlashAttention-2 kernels and the FA2 paper's PyTorch baseline) on this
-machine's GPU, and profiles them. `hbmsim profile-library` checks its input and calls main().
+others ship (PyTorch's FlashAttention-2 kernels and the FA2 paper's PyTorch baseline by default;
+on Hopper, `--impl cudnn fa3`: torch's cuDNN attention and FlashAttention-3) on this machine's
+GPU, and profiles them. `hbmsim profile-library` checks its input and calls main().
 
 - `--out FILE` (the default action): time the FlashAttention-2 paper's grid, forward and backward
   pass by pass, into a measured file that `hbmsim validate FILE` reads (kernels/library_timing.py);
@@ -12,7 +13,8 @@ machine's GPU, and profiles them. `hbmsim profile-library` checks its input and 
   into FILE, flash-attn's flash_attn_with_kvcache (contiguous and paged) into FILE2 when the
   package imports (kernels/library_decode.py).
 
-The implementations and the paper's head dimensions are IMPLEMENTATIONS and HEAD_DIMS here.
+The implementations (those timed by default) and the paper's head dimensions are IMPLEMENTATIONS
+(DEFAULT_IMPLEMENTATIONS) and HEAD_DIMS here.
 """
 from __future__ import annotations
 
@@ -23,15 +25,16 @@ from pathlib import Path
 
 from .library_nsight import ncu_one, op_table, summarise_ncu_raw
 from . import library_decode
-from .library_timing import HEAD_DIMS, IMPLEMENTATIONS, measure_grid
+from .library_timing import DEFAULT_IMPLEMENTATIONS, HEAD_DIMS, IMPLEMENTATIONS, measure_grid
 
-__all__ = ["HEAD_DIMS", "IMPLEMENTATIONS", "main"]
+__all__ = ["DEFAULT_IMPLEMENTATIONS", "HEAD_DIMS", "IMPLEMENTATIONS", "main"]
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.library")
     p.add_argument("--out")
-    p.add_argument("--impl", nargs="+", help=f"default: {' '.join(IMPLEMENTATIONS)} (with --decode: "
+    p.add_argument("--impl", nargs="+", help=f"of {' '.join(IMPLEMENTATIONS)}; default: "
+                   f"{' '.join(DEFAULT_IMPLEMENTATIONS)} (with --decode: "
                    f"{' '.join(library_decode.IMPLEMENTATIONS)})")
     p.add_argument("--head-dim", nargs="+", type=int, default=list(HEAD_DIMS))
     p.add_argument("--causal", nargs="+", default=["false", "true"])
@@ -94,8 +97,11 @@ def main(argv=None) -> int:
     if a.ncu:
         impl, d, n, causal, pass_name = a.ncu
         return ncu_one(impl, int(d), int(n), causal == "true", pass_name)
-    measure_grid(a.out, a.impl or list(IMPLEMENTATIONS), a.head_dim, [c == "true" for c in a.causal], a.max_seq_len,
-                 a.warmup, a.repeats, command, a.seq_lens)
+    bad = [i for i in a.impl or () if i not in IMPLEMENTATIONS]
+    if bad:
+        p.error(f"--impl {bad[0]!r} must be one of {', '.join(IMPLEMENTATIONS)}")
+    measure_grid(a.out, a.impl or list(DEFAULT_IMPLEMENTATIONS), a.head_dim, [c == "true" for c in a.causal],
+                 a.max_seq_len, a.warmup, a.repeats, command, a.seq_lens)
     return 0
 
 

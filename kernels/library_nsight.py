@@ -6,7 +6,8 @@ output summarised:
 - op_table: which PyTorch operator launched each kernel (torch.profiler, CPU + CUDA);
 - summarise_ncu_raw: ncu's raw page (--csv --page raw, --set full) -> per kernel the launch
   shape, occupancy limits, clock, DRAM and L2 bytes and pipe utilisation (NCU_SUMMARY_METRICS),
-  as scenarios/measured/h100-ncu-kernels.json keeps them.
+  as scenarios/measured/h100-ncu-kernels.json keeps them, and the warp stall reasons and global
+  sector counts (NCU_SUMMARY_PREFIXES) that the files measured before them lack.
 """
 from __future__ import annotations
 
@@ -77,10 +78,24 @@ NCU_SUMMARY_METRICS = (
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
 
 
+# ... and every column whose name starts with one of these (the names differ between ncu versions):
+# - why warps did not issue, in cycles per issued instruction (--set full's WarpStateStats: long and
+#   short scoreboard, mio_throttle (the MIO queue that shared-memory and special-function
+#   instructions share: Nsight Compute's Kernel Profiling Guide, "Warp Stall Reasons"),
+#   math_pipe_throttle, barrier, wait, not_selected, ...): what the pipe utilisations above cannot say,
+#   how far FA2's softmax and its GEMMs overlap;
+# - the global loads' and stores' L1 requests and 32-byte sectors, and the L2 sectors the SMs asked
+#   for: an uncoalesced access (the transposing copies of PyTorch's baseline) asks for a sector per
+#   element, which DRAM bytes do not show.
+NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_",
+                        "l1tex__t_requests_pipe_lsu_mem_global_op_", "l1tex__t_sectors_pipe_lsu_mem_global_op_",
+                        "lts__t_sectors_srcunit_tex_op_")
+
+
 def summarise_ncu_raw(text: str) -> list[dict]:
     """ncu --csv --page raw output -> one dict per kernel: its name and NCU_SUMMARY_METRICS (numbers as
-    ncu printed them, in its units), plus the shared-memory pipe's busy fraction: wavefronts per SM
-    (one a cycle) over the kernel's cycles."""
+    ncu printed them, in its units), the columns NCU_SUMMARY_PREFIXES name, plus the shared-memory
+    pipe's busy fraction: wavefronts per SM (one a cycle) over the kernel's cycles."""
     table = ncu_table(text)
     if table is None:
         return []
@@ -90,7 +105,8 @@ def summarise_ncu_raw(text: str) -> list[dict]:
     for row in rows[2:]:
         d = dict(zip(header, row))
         k = {"name": d.get("Kernel Name", ""), "units": {}}
-        for m in NCU_SUMMARY_METRICS:
+        wanted = NCU_SUMMARY_METRICS + tuple(m for m in header if m.startswith(NCU_SUMMARY_PREFIXES))
+        for m in wanted:
             if m in d:
                 try:
                     k[m] = float(d[m].replace(",", ""))

@@ -1,7 +1,7 @@
 """Timing the attention implementations others ship, on this machine's GPU, over the
 FlashAttention-2 paper's benchmark grid, forward and backward separately, kernel by kernel.
 
-Two implementations, named as the published file names them (kernels/implementations.py):
+The implementations, named as the published file names them (kernels/implementations.py):
 - "fa2": PyTorch's scaled_dot_product_attention forced to its FLASH_ATTENTION backend, which runs
   the FlashAttention-2 kernels PyTorch vendors (flash_fwd_kernel, flash_bwd_* ; the kernel names,
   recorded per run, carry their block sizes). q, k, v are separate (batch, seq, heads, d) leaves
@@ -11,6 +11,11 @@ Two implementations, named as the published file names them (kernels/implementat
   requires_grad; q -> (b h) t d and k -> (b h) d s (copies); S = baddbmm(empty, q, k, beta=0,
   alpha=1/sqrt(d)); causal: S + triu(full(-10000), 1) cast to the dtype; P = softmax(S, -1);
   dropout(P, 0.0); O = einsum('bhts,bshd->bthd', P, v).
+- "cudnn" (Hopper only): scaled_dot_product_attention forced to its CUDNN_ATTENTION backend, on
+  the same (batch, seq, heads, d) leaves as "fa2": cuDNN's fused attention, a warp-specialised
+  TMA + wgmma kernel on sm90, which the flash3 program stands for.
+- "fa3" (Hopper only, where FlashAttention-3 is installed): flash_attn_interface.flash_attn_func.
+  Elsewhere both are skipped, the reason written in the file's "skipped".
 
 Timing follows that benchmark's benchmark_fwd_bwd: the forward is fn(inputs) with autograd
 recording; the backward is y.backward(grad, retain_graph=True) on a saved y with the inputs'
@@ -40,8 +45,10 @@ HIDDEN = 2048
 TOKENS = 16384
 BATCH_SEQ = ((32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384))
 HEAD_DIMS = (64, 128)
-# The implementations timed here, by name (fa2, pytorch), with their program and variant.
+# The implementations timed here, by name, with their program and variant; those timed when the
+# command names none (the FA2 paper's two; cudnn and fa3 need Hopper and are asked for by name).
 IMPLEMENTATIONS = TIMED_HERE
+DEFAULT_IMPLEMENTATIONS = ("fa2", "pytorch")
 # FLOP convention of that benchmark: forward 4 N^2 d H B (halved when causal), backward 2.5x, both 3.5x
 FLOP_FACTOR = {"forward": 1.0, "backward": 2.5, "forward+backward": 3.5}
 # nvidia-smi / torch device names -> hbmsim hardware presets
@@ -89,6 +96,31 @@ def make_fn(impl: str, batch: int, seq_len: int, heads: int, head_dim: int, caus
             p = F.dropout(torch.softmax(s, dim=-1), 0.0)
             return torch.einsum("bhts,bshd->bthd", p, v).to(dtype=qkv.dtype)
         return (qkv,), fn
+    if impl in ("cudnn", "fa3"):
+        major, minor = torch.cuda.get_device_capability()
+        if major < 9:
+            raise RuntimeError(f"{impl} runs a Hopper kernel that hbmsim's flash3 program models, and this GPU is "
+                               f"sm{major}{minor}: not timed")
+        q, k, v = (torch.randn(batch, seq_len, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        if impl == "cudnn":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            def fn(q, k, v):
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                          v.transpose(1, 2), is_causal=causal)
+            return (q, k, v), fn
+        try:
+            from flash_attn_interface import flash_attn_func      # FlashAttention-3 (hopper/)
+        except ImportError:
+            raise RuntimeError("fa3: flash_attn_interface (FlashAttention-3, the hopper/ directory of "
+                               "Dao-AILab/flash-attention) is not installed: not timed") from None
+
+        def fn(q, k, v):
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out      # older versions return (out, lse)
+        return (q, k, v), fn
     raise ValueError(f"implementation {impl!r} must be one of {', '.join(IMPLEMENTATIONS)}")
 
 
@@ -161,7 +193,9 @@ def hardware_preset(name: str, sms: int) -> str | None:
     return next((p for (key, n), p in PRESETS.items() if key in name and n == sms), None)
 
 
-def provenance(command: list[str], warmup: int, repeats: int) -> dict:
+def provenance(command: list[str], warmup: int, repeats: int, impls=DEFAULT_IMPLEMENTATIONS) -> dict:
+    """The file's provenance: the machine, the software, how it was timed, and a line for each
+    implementation `impls` names."""
     torch = _torch()
     props = torch.cuda.get_device_properties(0)
     prov = {"source": "measured", "gpu": props.name, "sm_count": props.multi_processor_count,
@@ -174,8 +208,10 @@ def provenance(command: list[str], warmup: int, repeats: int) -> dict:
                        "warmup": warmup, "repeats": repeats, "statistic": "mean (time_s), median kept"},
             "kernels": "torch.profiler, CUDA activity, 3 calls per pass averaged",
             "sm_clock": "NVML clock samples every 20 ms while the pass was timed",
-            "implementations": {name: impl.describe(impl.timed_here.format(torch=torch.__version__))
-                                for name, impl in IMPLEMENTATIONS.items()},
+            "implementations": {name: impl.describe(impl.timed_here.format(torch=torch.__version__,
+                                                                          cudnn=torch.backends.cudnn.version()))
+                                for name, impl in IMPLEMENTATIONS.items() if name in impls},
+            "fa3": _fa3_version(),
             "setup": "fp16, no dropout, 16k tokens (batch = 16384 / seq_len, at least 1: longer sequences run "
                      "batch 1), "
                      "hidden 2048 (head dim 64: 32 heads; 128: 16 heads), the FlashAttention-2 paper's grid "
@@ -194,12 +230,21 @@ def provenance(command: list[str], warmup: int, repeats: int) -> dict:
     return prov
 
 
+def _fa3_version() -> str | None:
+    """FlashAttention-3's version where it is installed (flash_attn_interface), else None."""
+    try:
+        import flash_attn_interface
+    except ImportError:
+        return None
+    return str(getattr(flash_attn_interface, "__version__", "installed, version not given"))
+
+
 def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, warmup: int, repeats: int,
                  command: list[str], seq_lens=None) -> dict:
     """`seq_lens`: other sequence lengths than the paper's, at its 16k tokens (batch = 16384 // N, at
     least 1)."""
     torch = _torch()
-    prov = provenance(command, warmup, repeats)
+    prov = provenance(command, warmup, repeats, impls)
     hardware = hardware_preset(prov["gpu"], prov["sm_count"])
     doc = {"source": "measured", "provenance": prov, "runs": [], "skipped": []}
     clocks = ClockSampler()

@@ -46,7 +46,18 @@ _PYTORCH = (
                 ("causal_full", "causal_triu", "causal_add")),
     KernelGroup("elementwise multiplies", r"MulFunctor", ("softmax_bwd_mul", "mul_alpha_dq", "mul_alpha_dk")),
 )
-GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH}
+# flash3 fa3-kernel: FlashAttention-3's kernels (hopper/: flash_fwd_kernel_sm90.h FlashAttnFwdSm90,
+# flash_bwd_preprocess_kernel.h FlashAttnBwdPreprocess, flash_bwd_kernel_sm90.h FlashAttnBwdSm90,
+# flash_bwd_postprocess_kernel.h FlashAttnBwdPostprocessConvertdQ), and the fused kernels of torch's cuDNN
+# attention that the same program stands for, whose generated names carry "sdpa" and "fprop" or "bprop"
+# (cuDNN's own pre- and post-processing kernels, if any, stay measured, not modelled).
+_FA3 = (
+    KernelGroup("forward", r"FlashAttnFwdSm90|sdpa\w*fprop|fprop\w*sdpa", ("flash3_fwd",)),
+    KernelGroup("dO.O (preprocess)", r"FlashAttnBwdPreprocess", ("flash3_bwd_preprocess",)),
+    KernelGroup("dQ dK dV", r"FlashAttnBwdSm90|sdpa\w*bprop|bprop\w*sdpa", ("flash3_bwd",)),
+    KernelGroup("convert dQ", r"FlashAttnBwdPostprocess", ("flash3_bwd_convert_dq",)),
+)
+GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH, ("flash3", "fa3-kernel"): _FA3}
 
 UNCLAIMED_MEASURED = "measured, not modelled"       # rows no group claims (e.g. Memset)
 UNCLAIMED_PREDICTED = "predicted, not a kernel row"  # e.g. the L2 write-back at the end of a pass

@@ -220,6 +220,40 @@ def test_kernel_groups_by_hand():
     assert compare_kernels("flash1", "paper", predicted, measured) is None
 
 
+def test_fa3_and_cudnn_kernel_rows_group_by_hand():
+    """flash3 stands for FlashAttention-3's kernels and for torch's cuDNN attention on Hopper: their
+    rows (names as their sources and cuDNN's generated kernels give them) fall in its groups."""
+    from hbmsim.scenarios.kernel_rows import UNCLAIMED_MEASURED, compare_kernels
+    predicted = [{"name": "flash3_bwd_preprocess", "time_s": 1e-5}, {"name": "flash3_bwd", "time_s": 6e-5},
+                 {"name": "flash3_bwd_convert_dq", "time_s": 1e-5}]
+    fa3 = [{"name": "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnBwdSm90<...>>>",
+            "time_s": 7e-5},
+           {"name": "void cutlass::device_kernel<flash::FlashAttnBwdPreprocess<...>>", "time_s": 2e-5},
+           {"name": "void cutlass::device_kernel<flash::FlashAttnBwdPostprocessConvertdQ<...>>", "time_s": 1e-5}]
+    assert compare_kernels("flash3", "fa3-kernel", predicted, fa3) == [
+        ("dO.O (preprocess)", 1e-5, 2e-5), ("dQ dK dV", 6e-5, 7e-5), ("convert dQ", 1e-5, 1e-5)]
+    cudnn = [{"name": "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7_64x128x128", "time_s": 8e-5},
+             {"name": "Memset (Device)", "time_s": 1e-6}]
+    assert compare_kernels("flash3", "fa3-kernel", predicted, cudnn) == [
+        ("dO.O (preprocess)", 1e-5, 0.0), ("dQ dK dV", 6e-5, 8e-5), ("convert dQ", 1e-5, 0.0),
+        (UNCLAIMED_MEASURED, 0.0, 1e-6)]
+    forward = [{"name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128", "time_s": 3e-5}]
+    assert compare_kernels("flash3", "fa3-kernel", [{"name": "flash3_fwd", "time_s": 2e-5}], forward) == [
+        ("forward", 2e-5, 3e-5)]
+
+
+def test_the_library_times_hopper_kernels_only_when_asked(capsys):
+    """cudnn and fa3 are timed by name (`--impl cudnn fa3`), never by default; a name it does not know
+    is refused before anything is measured."""
+    from hbmsim.kernels import library
+    assert library.DEFAULT_IMPLEMENTATIONS == ("fa2", "pytorch")
+    assert set(library.DEFAULT_IMPLEMENTATIONS) < set(library.IMPLEMENTATIONS) == {"fa2", "pytorch", "cudnn", "fa3"}
+    with pytest.raises(SystemExit) as exit_:
+        library.main(["--out", "x.json", "--impl", "fa2", "cudnn9"])
+    assert exit_.value.code == 2
+    assert "--impl 'cudnn9' must be one of fa2, pytorch, cudnn, fa3" in capsys.readouterr().err
+
+
 def test_kernel_level_is_reported_for_files_with_kernel_rows(tmp_path, capsys):
     out_json = tmp_path / "k.json"
     assert main(["validate", "h100-torch-fwd-bwd", "--only", "fa2 flash2 fa2-kernel h100-sxm5-80gb forward",

@@ -109,9 +109,11 @@ def _sigterm():
 
 def add_profile_library(sub) -> None:
     pl = sub.add_parser("profile-library", help="time PyTorch's FA2 kernels and the FA2 paper's PyTorch baseline "
-                        "on this GPU, forward and backward, kernel by kernel (a measured file for validate)")
+                        "(on Hopper also torch's cuDNN attention and FlashAttention-3) on this GPU, forward and "
+                        "backward, kernel by kernel (a measured file for validate)")
     pl.add_argument("--out", default="library.json", help="measured file to write (default: library.json)")
-    pl.add_argument("--impl", nargs="+", default=["fa2", "pytorch"], help="fa2 and/or pytorch (default both)")
+    pl.add_argument("--impl", nargs="+", default=["fa2", "pytorch"],
+                    help="of fa2, pytorch, cudnn and fa3 (the last two: Hopper only; default fa2 pytorch)")
     pl.add_argument("--head-dim", nargs="+", type=count(1), default=[64, 128], help="64 and/or 128 (default both)")
     pl.add_argument("--causal", nargs="+", choices=("false", "true"), default=["false", "true"],
                     help="without and/or with the causal mask (default both)")

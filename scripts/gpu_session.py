@@ -1,0 +1,165 @@
+"""The measurements a lent GPU owes the open issues, as one prepared run.
+
+A session with a lent H100 or H200 has about 15 minutes of device time, machine start included. This
+script runs, in order of what they settle, every measurement the docs leave for a GPU, each under
+its own time limit, skipping those that no longer fit the budget, and writes every file into one
+folder (the device tool's $OUT) with a log. A measurement that fails or runs out of time is logged
+and the next one runs; each library command writes its file after every configuration, so a
+stopped one keeps what it finished.
+
+    python scripts/gpu_session.py --out "$OUT" --budget-s 540       # on the GPU machine
+    python scripts/gpu_session.py --out x --dry-run                  # the plan, here
+
+Then, on this machine: copy the files into scenarios/measured/ under the names STEPS gives
+(`ship`), with their provenance as written, and run `hbmsim validate FILE` on each timing file.
+tests/test_gpu_session.py checks that every command here parses against today's CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    limit_s: int            # killed after this long
+    commands: tuple         # argv lists, run one after another ({out}: the folder, {gpu}: h100 or h200)
+    settles: str            # what the measurement is for (the issue and the question)
+    ship: tuple = ()        # (file in the folder, where it goes in the repository)
+
+
+STEPS = (
+    Step("gpu-tests", 150, ((PY, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"),),
+         "every test marked gpu passes on this machine (CuPy kernels against their emulation, microbenchmarks)"),
+    Step("host", 90, ((PY, "-m", "hbmsim.scenarios.cli", "microbench", "--host", "--out", "{out}/{gpu}-host.json"),),
+         "issue 23: the host's launch and dispatch fields (then `hbmsim validate --host-spec FILE`)",
+         (("{gpu}-host.json", "scenarios/measured/{gpu}-host.json"),)),
+    Step("ncu-stalls", 240, (
+        ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
+         "{out}/ncu-fa2-128-4096-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "fa2", "128", "4096",
+         "false", "forward"),
+        ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
+         "{out}/ncu-pytorch-64-4096-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "pytorch", "64",
+         "4096", "false", "forward"),
+        (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", "{out}/ncu-fa2-128-4096-forward.csv",
+         "{out}/ncu-pytorch-64-4096-forward.csv", "--out", "{out}/{gpu}-ncu-stalls.json")),
+         "issue 23: why FA2's forward overlaps its pipes only in part (warp stall reasons), and whether "
+         "PyTorch's transposing copy asks for a sector per element (global load sectors per request)",
+         (("{gpu}-ncu-stalls.json", "scenarios/measured/{gpu}-ncu-stalls.json"),)),
+    Step("hopper-library", 300, ((PY, "-m", "hbmsim.kernels.library", "--impl", "cudnn", "fa3", "fa2",
+                                  "--repeats", "10", "--out", "{out}/{gpu}-torch-hopper.json"),),
+         "issue 26: torch's cuDNN attention and FlashAttention-3 (where installed) against the flash3 program, "
+         "and FA2 beside them for the measured FA3/FA2 speed-up",
+         (("{gpu}-torch-hopper.json", "scenarios/measured/{gpu}-torch-hopper.json"),)),
+    Step("decode", 240, ((PY, "-m", "hbmsim.kernels.library", "--decode", "--repeats", "10", "--out",
+                          "{out}/{gpu}-decode-sdpa-gqa.json", "--out-kvcache", "{out}/{gpu}-decode-fa2-kvcache.json"),),
+         "issue 25: decode with grouped-query heads, split-KV and paged caches",
+         (("{gpu}-decode-sdpa-gqa.json", "scenarios/measured/{gpu}-decode-sdpa-gqa.json"),
+          ("{gpu}-decode-fa2-kvcache.json", "scenarios/measured/{gpu}-decode-fa2-kvcache.json"))),
+    Step("grid-tc", 300, ((PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
+                           "--seq-len", "4096", "--l2", "cold", "--out", "{out}/{gpu}-grid-tc-4k-cold.json"),),
+         "issue 24: the tensor-core kernel's block grid at N = 4096, cold L2 (then `hbmsim blockmap --measured`)",
+         (("{gpu}-grid-tc-4k-cold.json", "scenarios/measured/{gpu}-profile-grid-tc-4k.json"),)),
+)
+
+
+def gpu_prefix() -> str:
+    """h100 or h200 from nvidia-smi's name ("gpu" when it says neither, or is missing)."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "gpu"
+    return next((p for p in ("h100", "h200") if p in name.lower()), "gpu")
+
+
+def expand(argv: tuple, out: str, gpu: str) -> list:
+    return [a.format(out=out, gpu=gpu) for a in argv]
+
+
+def plan(names: list | None, budget_s: float) -> tuple:
+    """(steps to run, steps left out: (step, why)) in STEPS' order, within the budget."""
+    run, left = [], []
+    for step in STEPS:
+        if names and step.name not in names:
+            continue
+        if step.limit_s > budget_s:
+            left.append((step, f"needs up to {step.limit_s} s, {budget_s:.0f} s left"))
+            continue
+        run.append(step)
+        budget_s -= step.limit_s
+    return run, left
+
+
+def run_step(step: Step, out: Path, gpu: str, log) -> dict:
+    start = time.monotonic()
+    result = {"step": step.name, "settles": step.settles, "commands": [], "status": "ok"}
+    for argv in step.commands:
+        cmd = expand(argv, str(out), gpu)
+        left_s = step.limit_s - (time.monotonic() - start)
+        print(f"$ {shlex.join(cmd)}", file=log, flush=True)
+        try:
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=max(left_s, 1))
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        except OSError as err:        # the tool is missing (ncu, nvidia-smi)
+            rc = f"not run: {err}"
+        result["commands"].append({"argv": cmd, "rc": rc})
+        if rc != 0:
+            result["status"] = f"failed ({rc})"
+            break
+    result["wall_s"] = round(time.monotonic() - start, 1)
+    result["files"] = sorted(p.name for p in out.iterdir() if p.is_file())
+    return result
+
+
+def main(argv=None) -> int:
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("--out", required=True, help="folder for every file (the device tool's $OUT)")
+    a.add_argument("--budget-s", type=float, default=540, help="seconds the steps may take in all (default 540)")
+    a.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], help="these steps (default: all)")
+    a.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    args = a.parse_args(argv)
+    gpu = "GPU" if args.dry_run else gpu_prefix()       # GPU: h100 or h200 when it runs
+    steps, left = plan(args.only, args.budget_s)
+    if args.dry_run:
+        for s in steps:
+            print(f"{s.name} (up to {s.limit_s} s): {s.settles}")
+            for c in s.commands:
+                print("    " + shlex.join(expand(c, args.out, gpu)))
+            for src, dst in s.ship:
+                print(f"    ship {src.format(gpu=gpu)} -> {dst.format(gpu=gpu)}")
+        for s, why in left:
+            print(f"{s.name}: left out ({why})")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:                                  # the device machine's copy of the tree may not be installed
+        subprocess.run([PY, "-c", "import hbmsim"], check=True, capture_output=True, timeout=60)
+    except subprocess.CalledProcessError:
+        subprocess.run([PY, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", "-e", "."], timeout=300)
+    results = []
+    with open(out / "gpu_session.log", "w") as log:
+        for s, why in left:
+            print(f"== {s.name}: left out ({why})", file=log, flush=True)
+        for step in steps:
+            print(f"== {step.name}: {step.settles}", file=log, flush=True)
+            results.append(run_step(step, out, gpu, log))
+            (out / "gpu_session.json").write_text(json.dumps(
+                {"gpu": gpu, "results": results, "left_out": [s.name for s, _ in left]}, indent=1) + "\n")
+            print(f"{step.name}: {results[-1]['status']} in {results[-1]['wall_s']} s", flush=True)
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

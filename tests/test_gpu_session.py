@@ -1,0 +1,79 @@
+"""scripts/gpu_session.py, the prepared run of every measurement a lent GPU owes the issues: each of
+its commands parses against today's command lines, the budget decides what runs, and every file
+it ships is one its commands write."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from hbmsim.kernels import library
+from hbmsim.scenarios.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts" / "gpu_session.py")
+S = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_session"] = S          # (dataclasses look their module up while the class is made)
+_spec.loader.exec_module(S)
+
+
+def _python_part(argv: list) -> list:
+    """The `python -m MODULE ...` part of a command (after ncu's own options for a profiled one)."""
+    i = argv.index(S.PY)
+    return argv[i:]
+
+
+@pytest.mark.parametrize("step", S.STEPS, ids=lambda s: s.name)
+def test_every_command_parses_against_todays_cli(step):
+    for argv in step.commands:
+        cmd = _python_part(S.expand(argv, "/o", "h100"))
+        assert cmd[1] == "-m"
+        module, rest = cmd[2], cmd[3:]
+        if module == "hbmsim.scenarios.cli":
+            build_parser().parse_args(rest)                 # exits 2 on an argument it does not know
+        elif module == "hbmsim.kernels.library":
+            args = library.parser().parse_args(rest)
+            assert all(i in library.IMPLEMENTATIONS for i in args.impl or ())
+        else:
+            assert module == "pytest" and rest[:2] == ["-m", "gpu"]
+
+
+def test_the_files_shipped_are_the_files_written():
+    for step in S.STEPS:
+        written = {a for argv in step.commands for a in S.expand(argv, "/o", "h100") if a.startswith("/o/")}
+        for src, dst in step.ship:
+            assert "/o/" + src.format(gpu="h100") in written, (step.name, src)
+            assert dst.startswith("scenarios/measured/") and dst.format(gpu="h100").endswith(".json")
+
+
+def test_the_budget_decides_what_runs():
+    names = [s.name for s in S.STEPS]
+    assert names[:2] == ["gpu-tests", "host"]              # the cheapest checks of the most first
+    run, left = S.plan(None, sum(s.limit_s for s in S.STEPS))
+    assert [s.name for s in run] == names and left == []
+    # 540 s: the steps in order while they fit (150 + 90 + 240 = 480; then 300 > 60 left, 240 > 60 left...)
+    run, left = S.plan(None, 540)
+    assert [s.name for s in run] == ["gpu-tests", "host", "ncu-stalls"]
+    assert [(s.name, why) for s, why in left][0] == ("hopper-library", "needs up to 300 s, 60 s left")
+    run, left = S.plan(["decode", "host"], 200)
+    assert [s.name for s in run] == ["host"] and [s.name for s, _ in left] == ["decode"]
+
+
+def test_dry_run_prints_the_plan(capsys):
+    assert S.main(["--out", "OUT", "--dry-run", "--budget-s", "400"]) == 0
+    text = capsys.readouterr().out
+    assert "host (up to 90 s): issue 23" in text and "microbench --host --out OUT/GPU-host.json" in text
+    assert "ship GPU-host.json -> scenarios/measured/GPU-host.json" in text
+    assert "grid-tc: left out (needs up to 300 s" in text
+
+
+def test_a_step_that_cannot_run_is_logged_and_the_next_runs(tmp_path):
+    """A missing tool (here a command that does not exist) fails its step, not the session."""
+    step = S.Step("missing", 10, (("/nonexistent/tool", "x"),), "nothing")
+    with open(tmp_path / "log", "w") as log:
+        r = S.run_step(step, tmp_path, "h100", log)
+    assert r["status"].startswith("failed (not run:") and r["commands"][0]["argv"] == ["/nonexistent/tool", "x"]
+    ok = S.Step("true", 10, ((S.PY, "-c", "open('{out}/made.txt', 'w').write('{gpu}')"),), "a file")
+    with open(tmp_path / "log", "a") as log:
+        r = S.run_step(ok, tmp_path, "h200", log)
+    assert r["status"] == "ok" and "made.txt" in r["files"] and (tmp_path / "made.txt").read_text() == "h200"
