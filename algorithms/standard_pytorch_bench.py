@@ -29,9 +29,10 @@ from .workload import AttentionData, Workload
 # per element: index arithmetic, warp shuffles, block-wide max and sum reductions per row, and the
 # accurate expf (not exp2f), whose range checks cost more on rows with masked (-10000) scores. Nsight
 # Compute on H100 (torch 2.11.0+cu130, fp16; scenarios/measured/h100-ncu-kernels.json) counted
-# smsp__inst_executed per element; x 32 lanes it is the lane operations the time model issues at one
-# per lane-clock (the fp32_ops rate). Which kernel runs depends on the row's bytes (seen at N = 512 to
-# 16384 in h100-torch-fwd-bwd.json's kernel lists; the switch points between those sizes are not known):
+# smsp__inst_executed per element; x 32 lanes it is the lane operations the time model issues at the
+# warp schedulers' rate (time_model.py: instruction_issue; the launches say vector_work = "instructions").
+# Which kernel runs depends on the row's bytes (seen at N = 512 to 16384 in h100-torch-fwd-bwd.json's
+# kernel lists; the switch points between those sizes are not known):
 #  - rows up to 4 KB (N <= 2048 in fp16): softmax_warp_forward, a warp per row: 1.23 and 1.21 warp
 #    instructions per element at N = 1024 and 2048 -> 39.0 lane operations; causal 1.78 -> 57.0;
 #  - up to 16 KB (N = 4096, 8192): cunn_SoftMaxForwardReg, a block per row held in registers: 2.48 and
@@ -89,8 +90,10 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
     P = output(wl, "P", nq, nk, wl.dtype, data)
     O = output(wl, "O", nq, d, wl.dtype, data)
     # q, k rearranged (strided copies, K^T materialised); S = scale * Q K^T (baddbmm, beta = 0)
-    L = [copy_launch("rearrange_q", [(Q, Qr, False, None)], tr, allocs=(Qr,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS),
-         copy_launch("rearrange_k", [(K, KT, True, None)], tr, allocs=(KT,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS),
+    L = [copy_launch("rearrange_q", [(Q, Qr, False, None)], tr, allocs=(Qr,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS,
+                     instructions=True),
+         copy_launch("rearrange_k", [(K, KT, True, None)], tr, allocs=(KT,), lane_ops=TORCH_STRIDED_COPY_LANE_OPS,
+                     instructions=True),
          gemm_launch("baddbmm", Qr, KT, S, False, gemm_tile, scale=wl.softmax_scale, allocs=(S,))]
     cur = S
     if wl.causal:
@@ -107,6 +110,7 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
         Sm = output(wl, "S_masked", nq, nk, wl.dtype, data)
         L.append(panel_launch("causal_add", wl, panel, [(S, own_group, sc), (cm, broadcast_group, sc)], [(Sm, sc)],
                               lambda g, rows, a: [a[0] + a[1]], TORCH_BROADCAST_ADD_LANE_OPS, allocs=(Sm,),
+                              instructions=True,
                               frees=(S, cm)))
         cur = Sm
     KPM = None
@@ -117,10 +121,10 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
         L.append(padding_fill_launch("mask_padding", wl, data, panel, cur, sc, KPM, -np.inf))
     # P = softmax(S_masked); Pd = dropout(P); O = Pd v (after the einsum's copy of v)
     L.append(panel_launch("softmax", wl, panel, [(cur, own_group, sc)], [(P, pc)], lambda g, r, a: [softmax_rows(a[0])],
-                          torch_softmax_lane_ops(wl), allocs=(P,), exps=1, frees=(cur,)))
+                          torch_softmax_lane_ops(wl), allocs=(P,), exps=1, frees=(cur,), instructions=True))
     P_used, DM = add_dropout(wl, data, panel, L, P, wl.dtype)
     L.append(copy_launch("einsum_copy_v", [(V, Vr, False, None)], tr, allocs=(Vr,),
-                         lane_ops=TORCH_STRIDED_COPY_LANE_OPS))
+                         lane_ops=TORCH_STRIDED_COPY_LANE_OPS, instructions=True))
     L.append(gemm_launch("bmm_pv", P_used, Vr, O, False, gemm_tile, allocs=(O,)))
     saved = dict(Q=Q, K=K, V=V, Q_r=Qr, K_T=KT, V_r=Vr, P=P, P_used=P_used, dropout_mask=DM,
                  key_padding_mask=KPM, O=O)
@@ -166,5 +170,6 @@ def _backward(wl: Workload, data: AttentionData | None, gemm_tile: tuple, saved:
                       frees=(dS,), pass_name=B),
           copy_launch("mul_alpha_dk", [(dKT, dKT, False, wl.softmax_scale)], tr, B),
           copy_launch("stack_qkv_grad", [(dQr, dQ, False, None), (dKT, dK, True, None), (dVr, dV, False, None)],
-                      tr, B, allocs=(dQ, dK, dV), frees=(dQr, dKT, dVr), lane_ops=TORCH_CAT_COPY_LANE_OPS)]
+                      tr, B, allocs=(dQ, dK, dV), frees=(dQr, dKT, dVr), lane_ops=TORCH_CAT_COPY_LANE_OPS,
+                      instructions=True)]
     return {"dQ": dQ, "dK": dK, "dV": dV}

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Tensor
+from hbmsim.simulator.time_model import FP32, INSTRUCTIONS
 
 from .common import MASK_DTYPE, output, scaled_keep_mask
 from .standard_kernels import Panels, mask_panel
@@ -65,12 +66,13 @@ def key_padding_mask_tensor(wl: Workload, data: AttentionData | None) -> Tensor:
 # ---- generic kernels --------------------------------------------------------------------------------
 
 def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forward", allocs=(), frees=(),
-                lane_ops: float = 1) -> Launch:
+                lane_ops: float = 1, instructions: bool = False) -> Launch:
     """One elementwise kernel over (G, R, C) tensors: for each (src, dst, transpose, factor) it reads
     src in row panels of min(tile_rows, R) full rows and writes factor * src (transposed into a
     (G, C, R) dst when asked). A dtype change is only the dst's itemsize. `lane_ops`: the vector
     operations the kernel issues per element (1; a strided PyTorch copy:
-    standard_pytorch_bench.TORCH_STRIDED_COPY_LANE_OPS)."""
+    standard_pytorch_bench.TORCH_STRIDED_COPY_LANE_OPS); `instructions`: they are a measured
+    instruction count, issued at the warp schedulers' rate (Launch.vector_work)."""
     jobs = []
     for src, dst, transpose, factor in pairs:
         g_count, r, _ = src.shape
@@ -91,14 +93,15 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
         else:
             yield from ctx.store(dst[g], rows, cols, x)
     # (a copy into a tensor every batch-head shares is itself shared: program.slice_shared)
-    return Launch(name, len(jobs), 0, block, allocs, frees, pass_name, shared=all(p[1].shared for p in pairs))
+    return Launch(name, len(jobs), 0, block, allocs, frees, pass_name, shared=all(p[1].shared for p in pairs),
+                  vector_work=INSTRUCTIONS if instructions else FP32)
 
 
 def panel_launch(name: str, wl: Workload, panel: Panels, reads: list, writes: list, fn, flops: int,
-                 pass_name: str = "forward", allocs=(), frees=(), exps: int = 0) -> Launch:
+                 pass_name: str = "forward", allocs=(), frees=(), exps: int = 0, instructions: bool = False) -> Launch:
     """An elementwise / row-wise kernel over N x N matrices in standard_kernels.py's row panels;
-    `flops` vector operations per element (a measured instruction count may be fractional), `exps`
-    of them exps (softmax: 1).
+    `flops` vector operations per element (with `instructions`, a measured instruction count x 32
+    lanes, issued at the warp schedulers' rate: Launch.vector_work), `exps` of them exps (softmax: 1).
     reads: (tensor, group_of(g), column chunks); writes: (tensor, column chunks).
     fn(g, rows, [read panels]) -> [write panels] (numeric mode only)."""
     nk = wl.seq_len_kv
@@ -121,7 +124,8 @@ def panel_launch(name: str, wl: Workload, panel: Panels, reads: list, writes: li
             vals = fn(g, rows, arrays)
         yield from ctx.store_tiles(*[(T[g], rows, c, None if v is None else v[:, c])
                                      for (T, chunks), v in zip(writes, vals) for c in chunks])
-    return Launch(name, wl.groups * panel.count, 0, block, allocs, frees, pass_name)
+    return Launch(name, wl.groups * panel.count, 0, block, allocs, frees, pass_name,
+                  vector_work=INSTRUCTIONS if instructions else FP32)
 
 
 def fill_launch(name: str, T: Tensor, tile_rows: int, value_fn, pass_name: str = "forward") -> Launch:

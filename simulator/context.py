@@ -13,7 +13,7 @@ from .errors import HbmsimError
 from .results import KernelResult
 from .simpy_adapter import timers
 from .tensor import SECTOR_BYTES, Tensor, TensorView, tile_sectors
-from .time_model import ASYNC_TENSOR_OPS, LIBRARY
+from .time_model import ASYNC_TENSOR_OPS, FP32, LIBRARY
 
 
 class LaunchState:
@@ -21,10 +21,11 @@ class LaunchState:
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
     __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "_tensors",
-                 "with_data")
+                 "with_data", "vector_work")
 
-    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY):
+    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY, vector_work: str = FP32):
         self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
+        self.vector_work = vector_work   # what its vector work counts: FP32 operations or instructions
         self.next_block = 0
         self.running = running
         self.done = env.event()          # the last slot has run out of blocks

@@ -23,7 +23,7 @@ INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes",
 # does not give, which switches that effect off for this GPU.
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
                   "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
-                   "fp8_matmul_flops_per_s", "has_wgmma")
+                   "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm")
 # Fractions of a peak: at most 1.
 FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
                    "mma_sync_operands_serial")
@@ -50,6 +50,9 @@ class GPU:
     tensor_achievable_fraction: float = 0.0   # of matmul_flops_per_s, what the best measured GEMM reaches
     mma_sync_fraction: float = 0.0        # of matmul_flops_per_s, what the warp-level mma.sync reaches
     sfu_ops_per_clk_per_sm: float = 0.0   # special-function unit results (exp2) per clock per SM
+    # warp instructions the SM's schedulers issue per clock (one per scheduler): the rate a measured
+    # instruction count runs at (time_model.py: instruction_issue)
+    warp_instructions_per_clk_per_sm: float = 0.0
     # 1: an mma.sync kernel's shared-memory operand reads (ldmatrix) and its mma.sync run one after
     # the other (measured on H100); 0: pipelined under the tensor cores
     mma_sync_operands_serial: float = 0.0

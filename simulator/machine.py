@@ -39,7 +39,7 @@ from .results import KernelResult, SimResult
 from .shared_pipes import SharedPipes
 from .simpy_adapter import Inline, events_scheduled
 from .host import DEFAULT_HOST
-from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, SmRates, TimeModel, hbm_rate
+from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -86,8 +86,10 @@ class Machine:
                        f"compute matmul {matmul_flops} flop, vector {vector_flops} flop ({exp_ops} exp), "
                        f"SRAM reads {sram_bytes} B")
         rates = self.rates
-        tensor_op = ctx._launch.tensor_op
-        tensor_s, vector_s = rates.compute_s(tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        state = ctx._launch
+        tensor_op = state.tensor_op
+        tensor_s, vector_s = rates.compute_s(tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes,
+                                             state.vector_work)
         sm = ctx.sm
         try:
             if rates.pipes and tensor_op in ASYNC_TENSOR_OPS:
@@ -141,6 +143,9 @@ class Machine:
         if launch.tensor_op not in TENSOR_OPS:
             raise HbmsimError(f"kernel {launch.name}: tensor_op = {launch.tensor_op!r} must be one of "
                               f"{', '.join(TENSOR_OPS)}")
+        if launch.vector_work not in VECTOR_WORK:
+            raise HbmsimError(f"kernel {launch.name}: vector_work = {launch.vector_work!r} must be one of "
+                              f"{', '.join(VECTOR_WORK)}")
         if launch.sram_bytes > gpu.sram_bytes_per_sm:
             raise HbmsimError(
                 f"kernel {launch.name}: a block needs {launch.sram_bytes} bytes of SRAM, "
@@ -182,7 +187,7 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = LaunchState(env, n_workers, launch.tensor_op)
+        state = LaunchState(env, n_workers, launch.tensor_op, launch.vector_work)
         unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
         if unit:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2)

@@ -30,6 +30,10 @@ class Launch:
     # what drives its tensor cores (time_model.py): "library" (cuBLAS: the GPU's best instruction)
     # or "mma.sync" (the warp-level instruction FlashAttention 1 and 2 are written with)
     tensor_op: str = "library"
+    # what its vector work counts (time_model.py): "fp32", operations at the FP32 lanes' rate, or
+    # "instructions", a measured instruction count x 32 lanes (PyTorch's elementwise, copy and softmax
+    # kernels, from Nsight Compute), issued at the warp schedulers' rate
+    vector_work: str = "fp32"
     # blocks b and b + period do the same work (the same tile shapes loaded and stored, the same
     # compute), only on another batch-head: what lets the machine fold a steady launch (fold.py);
     # 0: not declared, never folded

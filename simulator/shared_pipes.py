@@ -38,11 +38,11 @@ class SharedPipes:
         no work)."""
         m = self.m
         rates = m.rates
-        tensor_op = ctx._launch.tensor_op
+        tensor_op, vector_work = ctx._launch.tensor_op, ctx._launch.vector_work
         works = []
         for mf, vf, sb, ex in phases:
             k = m.count_compute(ctx, mf, vf, sb, ex)
-            t_s, v_s = rates.compute_s(tensor_op, mf, vf, ex, sb)
+            t_s, v_s = rates.compute_s(tensor_op, mf, vf, ex, sb, vector_work)
             if t_s or v_s:
                 works.append((t_s, v_s, {"matmul_flops": mf, "sram_bytes": sb}, {"vector_flops": vf, "exp_ops": ex}))
         if not works:

@@ -23,6 +23,15 @@ the predicted time it explains. Nothing here is fitted to a measurement.
 - fp32_ops: the FP32 peak counts a fused multiply-add as 2 FLOPs, but softmax's max, add,
   multiply and conversions are one operation each in one lane-clock: the vector work the
   programs count (one per operation) runs at `vector_flops_per_s / 2` operations per second.
+- instruction_issue: a kernel whose vector work is a measured instruction count
+  (Launch.vector_work = "instructions": PyTorch's elementwise, copy and softmax kernels, whose
+  index arithmetic, shuffles and conversions Nsight Compute counted per element) is bound by
+  the warp schedulers, which issue one warp instruction (32 lanes) per clock each
+  (`warp_instructions_per_clk_per_sm`: four per SM on A100 and H100, their whitepapers' SM
+  diagrams: "Warp Scheduler (32 thread/clk)" in each of four partitions), not by the FP32 lanes:
+  the instructions are integer, memory, shuffle and special-function ones as much as FP32 ones.
+  On H100 the two rates are the same (128 FP32 lanes per SM); on A100 the issue rate is twice
+  the FP32 one (64 lanes). Off, or on a GPU whose preset does not give the field: the FP32 rate.
 - serial_softmax: inside a warp, FlashAttention's softmax needs S from the GEMM before it and
   the next GEMM needs P from it, so a block's tensor-core work (overlapped with its shared-memory
   reads, which are software-pipelined) and its vector/SFU work (FP32 and SFU overlap, being
@@ -92,6 +101,10 @@ MMA_SYNC, LIBRARY, WGMMA = "mma.sync", "library", "wgmma"
 # without an FP8 peak runs it at the fp16 rate
 WGMMA_FP8 = "wgmma.fp8"
 TENSOR_OPS = (MMA_SYNC, LIBRARY, WGMMA, WGMMA_FP8)
+# Launch.vector_work: "fp32", operations counted by the program (one per FP32 lane-clock), or
+# "instructions", a measured instruction count x 32 lanes (issued at the schedulers' rate: instruction_issue)
+FP32, INSTRUCTIONS = "fp32", "instructions"
+VECTOR_WORK = (FP32, INSTRUCTIONS)
 ASYNC_TENSOR_OPS = (WGMMA, WGMMA_FP8)     # asynchronous warpgroup MMA: the sm_pipes effect applies
 
 
@@ -103,6 +116,7 @@ class TimeModel:
     mma_sync: bool = True
     sfu_exp: bool = True
     fp32_ops: bool = True
+    instruction_issue: bool = True
     serial_softmax: bool = True
     registers: bool = True
     mma_operands: bool = True
@@ -144,6 +158,7 @@ class SmRates:
 
     __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "pipes",
                  "_known")
+    # s_per_vec_op: seconds per unit of vector work on one SM, by Launch.vector_work
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
     def __init__(self, gpu, model: TimeModel):
@@ -161,7 +176,11 @@ class SmRates:
                            WGMMA_FP8: sms / (fp8_peak * achievable),
                            MMA_SYNC: sms / (peak * min(achievable, mma_sync))}
         # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
-        self.s_per_vec_op = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
+        fp32_s = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
+        # instruction_issue: one warp instruction (32 lanes) per scheduler per clock
+        issue = gpu.warp_instructions_per_clk_per_sm * 32 * gpu.clock_hz       # lane-instructions/s on one SM
+        self.s_per_vec_op = {FP32: fp32_s,
+                             INSTRUCTIONS: 1.0 / issue if model.instruction_issue and issue > 0 else fp32_s}
         # SFU: 0 means exp is an ordinary vector operation (the effect off or no rate given)
         sfu = gpu.sfu_ops_per_clk_per_sm * gpu.clock_hz          # exps per second on one SM
         self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
@@ -173,11 +192,11 @@ class SmRates:
         self._known: dict = {}    # compute_s's arguments -> its result
 
     def compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
-                  sram_bytes: int) -> tuple:
+                  sram_bytes: int, vector_work: str = FP32) -> tuple:
         """(tensor-pipe s, vector-pipe s) that one compute call of a kernel whose tensor cores run
-        `tensor_op` takes on its SM (remembered: the same call, the same times). How the two
-        combine is the machine's (sm_pipes) or `call_s`."""
-        args = (tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes)
+        `tensor_op` (and whose vector work counts `vector_work`) takes on its SM (remembered: the
+        same call, the same times). How the two combine is the machine's (sm_pipes) or `call_s`."""
+        args = (tensor_op, matmul_flops, vector_flops, exp_ops, sram_bytes, vector_work)
         work_s = self._known.get(args)
         if work_s is None:
             if len(self._known) >= self.KNOWN_MAX:
@@ -191,14 +210,15 @@ class SmRates:
         return tensor_s + vector_s if self.serial else max(tensor_s, vector_s)
 
     def _compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
-                   sram_bytes: int) -> tuple:
+                   sram_bytes: int, vector_work: str) -> tuple:
         mma_s, sram_s = matmul_flops * self.s_per_flop[tensor_op], sram_bytes * self.s_per_sram_byte
         if self.operands_add and tensor_op == MMA_SYNC:
             tensor_s = mma_s + sram_s       # mma_operands: ldmatrix and mma.sync, one after the other
         else:
             tensor_s = max(mma_s, sram_s)   # operand reads pipelined under the tensor cores
+        s_per_vec_op = self.s_per_vec_op[vector_work]
         if self.s_per_exp:
-            vector_s = max(max(vector_flops - exp_ops, 0) * self.s_per_vec_op, exp_ops * self.s_per_exp)
+            vector_s = max(max(vector_flops - exp_ops, 0) * s_per_vec_op, exp_ops * self.s_per_exp)
         else:
-            vector_s = vector_flops * self.s_per_vec_op
+            vector_s = vector_flops * s_per_vec_op
         return tensor_s, vector_s

@@ -34,6 +34,41 @@ def test_fp32_ops_run_at_one_per_lane_clock():
     assert time_of(gpu, ALL.off("fp32_ops"), vector_flops=100_000) == pytest.approx(1e-6, rel=1e-12)
 
 
+def instruction_block(vector_work: str, **work) -> Program:
+    def block(ctx, _):
+        yield from ctx.compute(**work)
+    return Program("one", [Launch("k", 1, 0, block, vector_work=vector_work)])
+
+
+def test_a_measured_instruction_count_is_issued_at_the_schedulers_rate():
+    # 4 warp instructions per clock per SM at 1 GHz: 1.28e11 lane-instructions/s, against the FP32
+    # lanes' 5e10 operations/s (an A100-like SM: issue twice the FP32 rate)
+    gpu = tiny_gpu(warp_instructions_per_clk_per_sm=4)
+    def t(vector_work, model=ALL, g=gpu, **work):
+        return simulate(g, instruction_block(vector_work, **work), model=model).time_s
+    # 1.28e5 lane-instructions: 1 us issued; as FP32 operations 1.28e5 / 5e10 = 2.56 us
+    assert t("instructions", vector_flops=128_000) == pytest.approx(1e-6, rel=1e-12)
+    assert t("fp32", vector_flops=128_000) == pytest.approx(2.56e-6, rel=1e-12)
+    # off, or on a GPU whose preset does not give the rate: the FP32 rate
+    assert t("instructions", ALL.off("instruction_issue"), vector_flops=128_000) == pytest.approx(2.56e-6, rel=1e-12)
+    assert t("instructions", g=tiny_gpu(), vector_flops=128_000) == pytest.approx(2.56e-6, rel=1e-12)
+    # the SFU still bounds the exps among them: 1.6e4 exps / 1.6e10 = 1 us against 1.12e5 / 1.28e11 = 0.875 us
+    sfu = tiny_gpu(warp_instructions_per_clk_per_sm=4, sfu_ops_per_clk_per_sm=16)
+    assert t("instructions", g=sfu, vector_flops=128_000, exp_ops=16_000) == pytest.approx(1e-6, rel=1e-12)
+    with pytest.raises(HbmsimError, match="vector_work = 'int' must be one of fp32, instructions"):
+        t("int", vector_flops=1)
+
+
+def test_on_the_presets_issue_is_the_fp32_rate_on_h100_and_twice_it_on_a100(a100, h100):
+    """Four schedulers of 32 lanes a clock: H100's 128 FP32 lanes per SM issue as fast; A100's 64 do not."""
+    from hbmsim.simulator.time_model import FP32, INSTRUCTIONS, SmRates
+    for gpu, ratio in ((h100, 1.0), (a100, 2.0)):
+        assert gpu.warp_instructions_per_clk_per_sm == 4 and len(gpu.source["warp_instructions_per_clk_per_sm"]) > 80
+        r = SmRates(gpu, ALL)
+        # (the spec sheets' 66.9 and 19.5 TFLOP/s are 127.98 and 64.03 lanes a clock: to 0.05%)
+        assert r.s_per_vec_op[FP32] / r.s_per_vec_op[INSTRUCTIONS] == pytest.approx(ratio, rel=1e-3)
+
+
 def test_an_exp_heavy_block_is_bound_by_the_sfu():
     gpu = tiny_gpu(sfu_ops_per_clk_per_sm=16)        # 16 exps per clock at 1 GHz = 1.6e10 exps/s per SM
     # 1e5 exps among 2e5 operations: the SFU takes 1e5 / 1.6e10 = 6.25 us; the other 1e5 FP32

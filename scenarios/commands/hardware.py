@@ -15,8 +15,10 @@ def add_parser(sub) -> None:
 def cmd_hardware(args) -> int:
     if args.name:
         gpu = resolve_hardware(args.name)
-        for key, value in gpu.summary().items():
-            print(f"{key:26s} {value!s:>18s}   {gpu.source.get(key, '(no source given)')}")
+        summary = gpu.summary()
+        width = max(map(len, summary))
+        for key, value in summary.items():
+            print(f"{key:{width}s} {value!s:>18s}   {gpu.source.get(key, '(no source given)')}")
         return 0
     print(f"{'preset':18s} {'SMs':>4s} {'clock':>9s} {'HBM':>10s} {'SRAM/SM':>9s} {'L2':>8s} {'tensor':>12s}")
     for name in preset_names():
