@@ -72,20 +72,26 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
     (G, C, R) dst when asked). A dtype change is only the dst's itemsize. `lane_ops`: the vector
     operations the kernel issues per element (1; a strided PyTorch copy:
     standard_pytorch_bench.TORCH_STRIDED_COPY_LANE_OPS); `instructions`: they are a measured
-    instruction count, issued at the warp schedulers' rate (Launch.vector_work)."""
+    instruction count, issued at the warp schedulers' rate (Launch.vector_work).
+    A wide tensor (fewer rows than columns: K^T's (d, N)) is read in square tiles of that many rows
+    and columns instead: its full rows would make a few huge tiles, so a few blocks would do the
+    whole copy, where the kernel (elementwise, a thread per few elements) spreads it over every SM.
+    The tiles are only the simulation's unit of work: the bytes are the tensor's either way."""
     jobs = []
     for src, dst, transpose, factor in pairs:
-        g_count, r, _ = src.shape
+        g_count, r, c = src.shape
         rows = min(tile_rows, r)
+        width = rows if c > r else c
         for g in range(g_count):
             for r0 in range(0, r, rows):
-                jobs.append((src, dst, transpose, factor, g, slice(r0, min(r, r0 + rows))))
+                for c0 in range(0, c, width):
+                    jobs.append((src, dst, transpose, factor, g, slice(r0, min(r, r0 + rows)),
+                                 slice(c0, min(c, c0 + width))))
 
     def block(ctx, index):
-        src, dst, transpose, factor, g, rows = jobs[index]
-        cols = slice(0, src.shape[2])
+        src, dst, transpose, factor, g, rows, cols = jobs[index]
         x = yield from ctx.load(src[g], rows, cols)
-        yield from ctx.compute(vector_flops=round(lane_ops * (rows.stop - rows.start) * src.shape[2]))
+        yield from ctx.compute(vector_flops=round(lane_ops * (rows.stop - rows.start) * (cols.stop - cols.start)))
         if x is not None and factor is not None:
             x = factor * x
         if transpose:
