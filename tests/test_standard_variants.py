@@ -184,3 +184,23 @@ def test_fast_mode_gemm_steps_keep_counts_and_numerics(variant):
         assert {n: (t.read, t.write) for n, t in fast.tensors(pass_name).items() if t.read or t.write} == \
             closed(variant, pass_name, wl, tile)
     assert fast.sim_events < 0.8 * whole.sim_events
+
+
+def test_a_wide_tensor_is_copied_in_square_tiles():
+    """K^T-shaped (d, N) sources are copied in square tiles of the panel's rows (a few N-long row
+    panels would leave most SMs idle while the real elementwise kernel fills them all): d = 64,
+    N = 1024, panels of 64 rows -> 16 tiles of 64 x 64 for one batch-head; a (N, d) source keeps its
+    row panels. The bytes and the transposed values are the same either way."""
+    from hbmsim.algorithms.standard_torch_kernels import copy_launch
+    from hbmsim.simulator import Program, Tensor
+    src = Tensor("dK_T", (1, 64, 1024), "fp16", count_only=False)
+    src.data[...] = np.arange(64 * 1024).reshape(1, 64, 1024)
+    dst = Tensor("dK", (1, 1024, 64), "fp16", count_only=False)
+    tall = Tensor("dQ_r", (1, 1024, 64), "fp16", count_only=True)
+    tall_dst = Tensor("dQ", (1, 1024, 64), "fp16", count_only=True)
+    launch = copy_launch("stack", [(src, dst, True, None), (tall, tall_dst, False, None)], 64, allocs=(dst, tall_dst))
+    assert launch.grid == 16 + 16           # wide: 1 x 16 square tiles; tall: 16 row panels of 64 x 64
+    r = simulate(GPU, Program("copy", [launch], inputs=(src, tall)))
+    assert {n: (t.read, t.write) for n, t in r.tensors("forward").items()} == {
+        "dK_T": (131072, 0), "dK": (0, 131072), "dQ_r": (131072, 0), "dQ": (0, 131072)}
+    assert np.array_equal(dst.data[0], src.data[0].T)
