@@ -17,8 +17,10 @@ tests/test_gpu_session.py checks that every command here parses against today's 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -82,8 +84,19 @@ def gpu_prefix() -> str:
     return next((p for p in ("h100", "h200") if p in name.lower()), "gpu")
 
 
+def tool(name: str) -> str:
+    """A CUDA tool's path: on PATH, else where CUDA and Nsight Compute install it, else the bare name."""
+    found = shutil.which(name)
+    if found:
+        return found
+    paths = sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"))
+    paths += sorted(glob.glob(f"/opt/nvidia/nsight-compute/*/{name}"))
+    return paths[-1] if paths else name
+
+
 def expand(argv: tuple, out: str, gpu: str) -> list:
-    return [a.format(out=out, gpu=gpu) for a in argv]
+    cmd = [a.format(out=out, gpu=gpu) for a in argv]
+    return [tool(cmd[0])] + cmd[1:] if cmd and cmd[0] == "ncu" else cmd
 
 
 def plan(names: list | None, budget_s: float) -> tuple:

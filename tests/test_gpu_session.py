@@ -19,6 +19,8 @@ _spec.loader.exec_module(S)
 
 def _python_part(argv: list) -> list:
     """The `python -m MODULE ...` part of a command (after ncu's own options for a profiled one)."""
+    if argv[0] != S.PY:
+        assert Path(argv[0]).name == "ncu"          # found on PATH or in CUDA's folders, else the bare name
     i = argv.index(S.PY)
     return argv[i:]
 
