@@ -102,17 +102,18 @@ def summarise_ncu_raw(text: str) -> list[dict]:
     rows = list(csv.reader(io.StringIO(table)))
     header, units = rows[0], rows[1]
     out = []
+    wanted = NCU_SUMMARY_METRICS + tuple(m for m in header if m.startswith(NCU_SUMMARY_PREFIXES))
+    unit_of = dict(zip(header, units))
     for row in rows[2:]:
         d = dict(zip(header, row))
         k = {"name": d.get("Kernel Name", ""), "units": {}}
-        wanted = NCU_SUMMARY_METRICS + tuple(m for m in header if m.startswith(NCU_SUMMARY_PREFIXES))
         for m in wanted:
             if m in d:
                 try:
                     k[m] = float(d[m].replace(",", ""))
                 except ValueError:
                     continue
-                k["units"][m] = dict(zip(header, units)).get(m, "")
+                k["units"][m] = unit_of.get(m, "")
         try:
             sms = float(d["device__attribute_multiprocessor_count"].replace(",", ""))
             cycles = k["gpu__time_duration.sum"] * 1e-9 * k["sm__cycles_elapsed.avg.per_second"]

@@ -70,16 +70,25 @@ def make_fn(impl: str, batch: int, seq_len: int, heads: int, head_dim: int, caus
     torch = _torch()
     F = torch.nn.functional
     dev = "cuda"
-    if impl == "fa2":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        q, k, v = (torch.randn(batch, seq_len, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
+
+    def separate_qkv():
+        """q, k, v as separate (batch, seq, heads, d) leaves, as flash_attn_func reads them."""
+        return tuple(torch.randn(batch, seq_len, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
+                     for _ in range(3))
+
+    def sdpa(backend):
+        """scaled_dot_product_attention forced to `backend`, on the leaves seen as (batch, heads, seq, d)."""
+        from torch.nn.attention import sdpa_kernel
 
         def fn(q, k, v):
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                       is_causal=causal)
-        return (q, k, v), fn
+        return fn
+
+    if impl == "fa2":
+        from torch.nn.attention import SDPBackend
+        return separate_qkv(), sdpa(SDPBackend.FLASH_ATTENTION)
     if impl == "pytorch":
         qkv = torch.randn(batch, seq_len, 3, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
 
@@ -101,16 +110,9 @@ def make_fn(impl: str, batch: int, seq_len: int, heads: int, head_dim: int, caus
         if major < 9:
             raise RuntimeError(f"{impl} runs a Hopper kernel that hbmsim's flash3 program models, and this GPU is "
                                f"sm{major}{minor}: not timed")
-        q, k, v = (torch.randn(batch, seq_len, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
         if impl == "cudnn":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            def fn(q, k, v):
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                          v.transpose(1, 2), is_causal=causal)
-            return (q, k, v), fn
+            from torch.nn.attention import SDPBackend
+            return separate_qkv(), sdpa(SDPBackend.CUDNN_ATTENTION)
         try:
             from flash_attn_interface import flash_attn_func      # FlashAttention-3 (hopper/)
         except ImportError:
@@ -120,7 +122,7 @@ def make_fn(impl: str, batch: int, seq_len: int, heads: int, head_dim: int, caus
         def fn(q, k, v):
             out = flash_attn_func(q, k, v, causal=causal)
             return out[0] if isinstance(out, tuple) else out      # older versions return (out, lse)
-        return (q, k, v), fn
+        return separate_qkv(), fn
     raise ValueError(f"implementation {impl!r} must be one of {', '.join(IMPLEMENTATIONS)}")
 
 

@@ -39,6 +39,14 @@ class Step:
     ship: tuple = ()        # (file in the folder, where it goes in the repository)
 
 
+def _ncu_forward(impl: str, head_dim: int, seq_len: int = 4096) -> tuple:
+    """One warmed forward of the library's `impl` under Nsight Compute's full set, its raw page
+    into {out}/ncu-IMPL-D-N-forward.csv (kernels/library_nsight.py: ncu_one)."""
+    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
+            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
+            impl, str(head_dim), str(seq_len), "false", "forward")
+
+
 STEPS = (
     Step("gpu-tests", 150, ((PY, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"),),
          "every test marked gpu passes on this machine (CuPy kernels against their emulation, microbenchmarks)"),
@@ -46,12 +54,7 @@ STEPS = (
          "issue 23: the host's launch and dispatch fields (then `hbmsim validate --host-spec FILE`)",
          (("{gpu}-host.json", "scenarios/measured/{gpu}-host.json"),)),
     Step("ncu-stalls", 240, (
-        ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-         "{out}/ncu-fa2-128-4096-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "fa2", "128", "4096",
-         "false", "forward"),
-        ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-         "{out}/ncu-pytorch-64-4096-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "pytorch", "64",
-         "4096", "false", "forward"),
+        _ncu_forward("fa2", 128), _ncu_forward("pytorch", 64),
         (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", "{out}/ncu-fa2-128-4096-forward.csv",
          "{out}/ncu-pytorch-64-4096-forward.csv", "--out", "{out}/{gpu}-ncu-stalls.json")),
          "issue 23: why FA2's forward overlaps its pipes only in part (warp stall reasons), and whether "
