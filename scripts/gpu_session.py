@@ -139,10 +139,21 @@ def run_step(step: Step, out: Path, gpu: str, log) -> dict:
     return result
 
 
+def _positive_s(text: str) -> float:
+    """--budget-s: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    return value
+
+
 def main(argv=None) -> int:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("--out", required=True, help="folder for every file (the device tool's $OUT)")
-    a.add_argument("--budget-s", type=float, default=540, help="seconds the steps may take in all (default 540)")
+    a.add_argument("--budget-s", type=_positive_s, default=540, help="seconds the steps may take in all (default 540)")
     a.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], help="these steps (default: all)")
     a.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     args = a.parse_args(argv)

@@ -79,3 +79,11 @@ def test_a_step_that_cannot_run_is_logged_and_the_next_runs(tmp_path):
     with open(tmp_path / "log", "a") as log:
         r = S.run_step(ok, tmp_path, "h200", log)
     assert r["status"] == "ok" and "made.txt" in r["files"] and (tmp_path / "made.txt").read_text() == "h200"
+
+
+@pytest.mark.parametrize("budget", ["-5", "0", "nan", "ten"])
+def test_a_bad_budget_is_one_line(budget, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        S.main(["--out", "OUT", "--dry-run", "--budget-s", budget])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --budget-s:" in err and "Traceback" not in err
