@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# (It imports nothing from hbmsim, not even its argument checks: on the GPU machine it runs before
+# hbmsim is installed, and installs it.)
 PY = sys.executable
 
 
