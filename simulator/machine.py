@@ -190,7 +190,7 @@ class Machine:
         state = LaunchState(env, n_workers, launch.tensor_op, launch.vector_work)
         unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
         if unit:
-            state.fold = LaunchFold(k, unit, launch.grid, self.l2)
+            state.fold = LaunchFold(k, unit, launch.grid, self.l2, self.hbm)
         resident = [0] * self.gpu.sm_count
         for w in range(n_workers):
             env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))

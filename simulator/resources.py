@@ -78,6 +78,12 @@ class SharedPool:
         """Requests with work so far (each costs O(1) SimPy events)."""
         return self._seq
 
+    def outstanding(self) -> float:
+        """Work requested and not yet served, now (while requests are in flight the pool serves
+        rate_per_s in all, so what it has served is rate_per_s x busy_s): fold.py's queue check."""
+        self._advance(self.env._now)
+        return self.served - self.rate_per_s * self.busy_s
+
     def _advance(self, now: float) -> None:
         """Bring the virtual clock up to `now`: each of the n requests in flight got rate/n.
         (request and _wake do the same, written out: they are the simulator's hot path.)"""
