@@ -23,6 +23,11 @@ method it used in the output file:
   scalar (k MulBackward0 nodes, each launching one kernel, and the leaf's AccumulateGrad), for
   k = 1..max_nodes; a least-squares line through the medians: backward_start_s = the intercept,
   autograd_node_s = the slope less launch_s.
+- block_dispatch: one launch of `waves` x 2 blocks an SM (1024 threads a block, so an SM holds
+  two), each block stamping %globaltimer and %smid at its entry and then spinning: the first
+  wave's entries spread over the time the block scheduler takes to hand out a wave. Not a HostSpec
+  field: it sizes the stagger of a launch's first wave, which the simulator does not model
+  (docs/validation.md, "Lock-step waves").
 - host_sdpa (PyTorch): torch.nn.functional.scaled_dot_product_attention on tiny fp16 inputs,
   forward and forward+backward, one call at a time: CUDA-event seconds, host seconds of the call,
   and wall seconds to the synchronise. Not a HostSpec field: recorded for validation.
@@ -60,7 +65,8 @@ def _module():
     from .gpu import cupy_module
     cp = cupy_module()
     mod = cp.RawModule(code=HOST_SOURCE.read_text(), options=("-std=c++17",))
-    return cp, {name: mod.get_function(name) for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp")}
+    return cp, {name: mod.get_function(name)
+                for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp", "hbmsim_block_starts")}
 
 
 # ---- pure pieces (tested without a GPU) ----
@@ -82,6 +88,21 @@ def first_blocked(times_s, threshold_s: float) -> int | None:
         if t > threshold_s:
             return i
     return None
+
+
+def first_wave(starts_s, smids, slots: int, spin_s: float) -> dict:
+    """The first wave of a block_starts launch: the blocks that entered before the earliest entry
+    plus half the spin (those after it waited for a slot to free), their spread, the spread over
+    the blocks less one (seconds a block, in the order they entered), how many SMs they covered
+    and how many SMs got `slots` of them."""
+    starts, sm = np.asarray(starts_s, dtype=float), np.asarray(smids)
+    first = starts < starts.min() + spin_s / 2
+    t = np.sort(starts[first])
+    per_sm = np.bincount(sm[first])
+    spread = float(t[-1] - t[0])
+    return {"first_wave_blocks": int(first.sum()), "first_wave_spread_s": spread,
+            "per_block_s": spread / (len(t) - 1) if len(t) > 1 else 0.0,
+            "sms_reached": int(np.count_nonzero(per_sm)), "sms_full": int(np.count_nonzero(per_sm == slots))}
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -201,6 +222,33 @@ def launch_gap(cp, stamp, spin, kernels: int = 200, repeats: int = 10, spin_s: f
                       "kernels (1 thread, no work) between two CUDA events; gap_s = event seconds / kernels - "
                       "the kernel's own device time (%globaltimer at exit - at entry, median); stamp_gap_s = "
                       "the next kernel's entry - this one's exit (%globaltimer, median). Medians over repeats"}
+
+
+def block_dispatch(cp, block_starts, waves: int = 2, spin_s: float = 0.001, repeats: int = 10) -> dict:
+    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    slots = 2                                          # 1024-thread blocks: 2048 threads an SM on sm80 and sm90
+    blocks = waves * slots * sms
+    starts = cp.zeros(blocks, dtype=cp.uint64)
+    smids = cp.zeros(blocks, dtype=cp.uint32)
+    runs, diffs = [], []
+    for r in range(repeats + 1):                       # the first launch warms up
+        cp.cuda.Device().synchronize()
+        block_starts((blocks,), (1024,), (starts, smids, np.uint64(int(spin_s * 1e9))))
+        cp.cuda.Device().synchronize()
+        if not r:
+            continue
+        t = cp.asnumpy(starts).astype(np.int64) * 1e-9
+        runs.append(first_wave(t, cp.asnumpy(smids), slots, spin_s))
+        d = np.diff(np.unique(t))
+        diffs.extend(d[d > 0].tolist()[:1000])
+    med = {key: statistics.median(r[key] for r in runs) for key in ("first_wave_spread_s", "per_block_s")}
+    return {"sms": sms, "slots_per_sm": slots, "blocks": blocks, "spin_s": spin_s, "repeats": repeats, **med,
+            "runs": runs, "globaltimer_resolution_s": min(diffs) if diffs else None,
+            "method": f"one launch of {blocks} blocks of 1024 threads ({waves} waves of 2 a SM), each block's "
+                      f"first thread writing %globaltimer and %smid at its entry, then spinning {spin_s * 1e3:g} ms; "
+                      "the first wave = the blocks entering within half the spin of the first; its spread "
+                      "(last entry - first) and spread / (blocks - 1), medians over repeats. Read it beside "
+                      "globaltimer_resolution_s: a spread below it is not resolved"}
 
 
 def queue_depth(cp, empty, spin, max_launches: int = 8192, spin_s: float = 0.5, repeats: int = 3) -> dict:
@@ -367,7 +415,9 @@ def measure(repeats: int = 10) -> dict:
     res = {"host_launch": _guarded("host_launch", launch_rate, cp, fn["hbmsim_empty"], repeats=repeats),
            "host_launch_gap": _guarded("host_launch_gap", launch_gap, cp, fn["hbmsim_stamp"], fn["hbmsim_spin"],
                                        repeats=repeats),
-           "host_queue": _guarded("host_queue", queue_depth, cp, fn["hbmsim_empty"], fn["hbmsim_spin"])}
+           "host_queue": _guarded("host_queue", queue_depth, cp, fn["hbmsim_empty"], fn["hbmsim_spin"]),
+           "block_dispatch": _guarded("block_dispatch", block_dispatch, cp, fn["hbmsim_block_starts"],
+                                      repeats=repeats)}
     torch, why = _torch()
     for name, f in (("host_torch_dispatch", torch_dispatch), ("host_autograd", autograd_fit),
                     ("host_sdpa", sdpa_tiny)):

@@ -70,14 +70,16 @@ class FakeClock:
 
 class FakeCuPy:
     """Enough of CuPy for kernels/host_microbench.py: each launch costs the host 5 us on `clock`;
-    after a spin, the queue holds `queue` launches and the next one waits 0.3 s."""
-    uint64 = np.uint64
+    after a spin, the queue holds `queue` launches and the next one waits 0.3 s. A GPU of 4 SMs."""
+    uint64, uint32 = np.uint64, np.uint32
 
     def __init__(self, clock, queue=1022):
         self.clock, self.queue, self.queued = clock, queue, None
         cp = self
 
         class Device:
+            attributes = {"MultiProcessorCount": 4}
+
             def synchronize(self):
                 cp.queued = None
 
@@ -111,6 +113,14 @@ class FakeCuPy:
     def spin(self, grid, block, args):
         self.clock.t += 5 * US
         self.queued = 0
+
+    def block_starts(self, grid, block, args):
+        # 2 blocks an SM on 4 SMs: block i of each wave of 8 enters 10 ns after block i - 1, the
+        # next wave a spin later; block i runs on SM i % 4
+        starts, smids, ns = args
+        for i in range(grid[0]):
+            starts[i] = 1000 + 10 * (i % 8) + int(ns) * (i // 8)
+            smids[i] = i % 4
 
     def stamp(self, grid, block, args):     # entry at i us, exit 100 ns later
         stamps, i, _ = args
@@ -148,8 +158,28 @@ def test_queue_depth_is_the_launches_before_the_first_wait(fake):
     assert r["queue_launches"] is None and r["launches_before_block"] == [None]
 
 
+def test_first_wave_is_the_blocks_before_half_the_spin():
+    # 6 blocks on 3 SMs, 2 slots each: entries 0-50 ns apart by 10 ns; then a second wave at 1 ms
+    starts = [0, 10e-9, 20e-9, 30e-9, 40e-9, 50e-9, 1e-3, 1e-3 + 10e-9]
+    smids = [0, 1, 2, 0, 1, 2, 0, 1]
+    w = H.first_wave(starts, smids, slots=2, spin_s=1e-3)
+    assert w["first_wave_blocks"] == 6 and w["first_wave_spread_s"] == pytest.approx(50e-9)
+    assert w["per_block_s"] == pytest.approx(10e-9) and w["sms_reached"] == 3 and w["sms_full"] == 3
+    # one SM not reached in the first wave: its block came only after half the spin
+    w = H.first_wave([0, 10e-9, 0.7e-3], [0, 1, 2], slots=1, spin_s=1e-3)
+    assert w["first_wave_blocks"] == 2 and w["sms_reached"] == 2 and w["sms_full"] == 2
+
+
+def test_block_dispatch_reads_the_first_waves_spread(fake):
+    r = H.block_dispatch(fake, fake.block_starts, waves=2, spin_s=0.001, repeats=2)
+    assert r["sms"] == 4 and r["blocks"] == 16 and len(r["runs"]) == 2
+    assert r["first_wave_spread_s"] == pytest.approx(70e-9) and r["per_block_s"] == pytest.approx(10e-9)
+    assert r["runs"][0]["sms_full"] == 4 and r["globaltimer_resolution_s"] == pytest.approx(10e-9)
+
+
 def _fake_module(fake):
-    return lambda: (fake, {"hbmsim_empty": fake.empty, "hbmsim_spin": fake.spin, "hbmsim_stamp": fake.stamp})
+    return lambda: (fake, {"hbmsim_empty": fake.empty, "hbmsim_spin": fake.spin, "hbmsim_stamp": fake.stamp,
+                           "hbmsim_block_starts": fake.block_starts})
 
 
 def test_measure_without_torch_keeps_the_cupy_entries(fake, monkeypatch):
@@ -194,8 +224,8 @@ def test_microbench_host_writes_the_host_file(tmp_path, monkeypatch, fake, capsy
     prov = doc["provenance"]
     assert prov["command"].endswith("--repeats 2 --host") and prov["gpu"] == "Fake GPU"
     assert {"cpu_model", "torch", "python", "date", "driver_version", "cupy"} <= set(prov)
-    assert set(doc["results"]) == {"host_launch", "host_launch_gap", "host_queue", "host_torch_dispatch",
-                                   "host_autograd", "host_sdpa"}
+    assert set(doc["results"]) == {"host_launch", "host_launch_gap", "host_queue", "block_dispatch",
+                                   "host_torch_dispatch", "host_autograd", "host_sdpa"}
     assert all("method" in v for v in doc["results"].values() if "skipped" not in v)
     assert doc["host_spec_derivation"] == H.DERIVATION
     assert doc["host_spec"] == pytest.approx({"launch_s": 5 * US, "launch_gap_s": 0.9 * US, "queue_launches": 1022})
@@ -372,3 +402,21 @@ def test_torch_entries_and_their_host_fields(fake):
                             "host_autograd": a})
     assert fields == pytest.approx({"launch_s": 4 * US, "eager_op_s": 6 * US, "autograd_node_s": 8 * US,
                                     "backward_start_s": 15 * US})
+
+
+def test_the_host_kernels_compile_for_sm80_and_sm90(tmp_path):
+    # nvcc (where the CUDA toolkit is installed) compiles every kernel the host entries launch
+    import subprocess
+    from hbmsim.kernels.compile_check import find_nvcc
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    for arch in ("sm_80", "sm_90"):
+        ptx = tmp_path / f"host_{arch}.ptx"
+        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(H.HOST_SOURCE), "-o", str(ptx)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        text = ptx.read_text()
+        for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp", "hbmsim_block_starts"):
+            assert f".entry {name}(" in text, (arch, name)
+        assert "%smid" in text and "%globaltimer" in text
