@@ -192,8 +192,10 @@ class Machine:
         if unit:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2, self.hbm)
         resident = [0] * self.gpu.sm_count
+        stagger_s = self.gpu.block_dispatch_s if self.model.block_dispatch else 0.0    # SM i starts i x this late
         for w in range(n_workers):
-            env.process(self._worker(launch, w % self.gpu.sm_count, k, state, resident))
+            sm = w % self.gpu.sm_count
+            env.process(self._worker(launch, sm, k, state, resident, sm * stagger_s))
         if n_workers:
             yield state.done
         if state.stores:                     # stores still in flight to HBM
@@ -212,10 +214,14 @@ class Machine:
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
         self.shared_live_bytes -= sum(t.nbytes for t in launch.frees if t.shared)
 
-    def _worker(self, launch: Launch, sm: int, k: KernelResult, state: LaunchState, resident: list):
-        """One block slot on one SM: runs blocks in linear order until the grid is exhausted.
-        The blocks run inline (simpy_adapter.Inline: the events they wait for resume them
-        directly, not through this process, which only waits for the last one to end)."""
+    def _worker(self, launch: Launch, sm: int, k: KernelResult, state: LaunchState, resident: list,
+                start_after_s: float = 0.0):
+        """One block slot on one SM: from `start_after_s` after the launch (block_dispatch), runs
+        blocks in linear order until the grid is exhausted. The blocks run inline
+        (simpy_adapter.Inline: the events they wait for resume them directly, not through this
+        process, which only waits for the last one to end)."""
+        if start_after_s > 0.0:
+            yield self.env.timeout(start_after_s)
         ctx = MachineContext(self, sm, k, state)
         block_fn = launch.block
         resident[sm] += launch.sram_bytes

@@ -75,6 +75,14 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   (FIFO: FA3's backward and FP8 forward predicted 16% and 21% too fast against the FA3 paper,
   median; with sharing 6% and 15%: docs/validation.md). shared_pipes.py.
   Off: FIFO pipes.
+- block_dispatch: a launch's SMs get their first blocks one after another, `block_dispatch_s`
+  apart (SM i starts i x that after the launch), as a GPU's block scheduler hands them out.
+  Without it a launch of alike blocks starts every SM at the same instant and can run in exact
+  lock-step (every SM loading at once, then computing at once) until rounding breaks the
+  symmetry at a point no physics sets; a stagger of 1 ps to 1 ns a step moved FA2's H100 kernel
+  families by up to 4 points and a dQ dK dV worst case from 46% to 26-34% (docs/validation.md,
+  "Lock-step waves"). No preset gives the field yet (no published figure): `hbmsim microbench
+  --host` measures it. Off, or where the preset does not give it: every SM starts at once.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -122,6 +130,7 @@ class TimeModel:
     mma_operands: bool = True
     sm_pipes: bool = True
     pipe_sharing: bool = True
+    block_dispatch: bool = True
     host: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);
     # None: host.DEFAULT_HOST, from public figures

@@ -248,6 +248,23 @@ def test_a_compute_chain_is_its_phases_back_to_back_in_one_event():
     assert a.sim_events < b.sim_events
 
 
+def test_block_dispatch_staggers_the_first_wave_by_sm():
+    # 8 blocks of 3e6 tensor FLOPs (3 us at 1e12 FLOP/s per SM) on 4 SMs, 1 slot each. Handed out
+    # 100 ns apart, SM i starts at i x 100 ns: the first wave ends at 3.0, 3.1, 3.2, 3.3 us, each SM
+    # takes the next block as it frees, and the last ends at 3.3 + 3 = 6.3 us (6 us at once).
+    def block(ctx, b):
+        yield from ctx.compute(matmul_flops=3_000_000)
+
+    def program():
+        return Program("waves", [Launch("k", 8, 0, block)])
+    staggered = tiny_gpu(max_blocks_per_sm=1, block_dispatch_s=1e-7)
+    assert simulate(staggered, program()).time_s == pytest.approx(6.3e-6, rel=1e-12)
+    assert simulate(staggered, program(), model=ALL.off("block_dispatch")).time_s == pytest.approx(6e-6, rel=1e-12)
+    assert simulate(tiny_gpu(max_blocks_per_sm=1), program()).time_s == pytest.approx(6e-6, rel=1e-12)
+    with pytest.raises(HbmsimError, match=r"field 'block_dispatch_s' = -1e-09 must be > 0"):
+        tiny_gpu(block_dispatch_s=-1e-9)
+
+
 def test_registers_cap_the_blocks_an_sm_holds():
     from hbmsim.simulator.machine import Machine, block_registers
     gpu = tiny_gpu(registers_per_sm=65_536, sram_bytes_per_sm=1 << 20)
