@@ -284,20 +284,23 @@ def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, war
         f, bw = res["forward"]["time_s"], res["backward"]["time_s"]
         print(f"[{i + 1}/{len(configs)}] {impl} d={d} B={b} N={n} causal={causal}: fwd {f * 1e3:.3f} ms, "
               f"bwd {bw * 1e3:.3f} ms ({time.monotonic() - t:.1f} s)", file=sys.stderr)
+    doc["gemm"] = gemm_rates(warmup, repeats, clocks)
     clocks.stop()
-    doc["gemm"] = gemm_rates(warmup, repeats)
     Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 
-def gemm_rates(warmup: int, repeats: int) -> list[dict]:
-    """cuBLAS through torch.matmul, fp16 in, fp32 accumulate: the achievable dense tensor rate."""
+def gemm_rates(warmup: int, repeats: int, clocks: ClockSampler | None = None) -> list[dict]:
+    """cuBLAS through torch.matmul, fp16 in, fp32 accumulate: the achievable dense tensor rate, with
+    the SM clock, power draw and clock reasons NVML gave while it ran (`clocks`: a ClockSampler)."""
     torch = _torch()
     out = []
     for n in (4096, 8192):
         a = torch.randn(n, n, device="cuda", dtype=torch.float16)
         b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        t0 = time.monotonic()
         times = _time(lambda: torch.matmul(a, b), warmup, repeats)
         out.append({"m": n, "n": n, "k": n, "dtype": "fp16", **_stats(times),
-                    "flops_per_s": 2 * n ** 3 / statistics.median(times)})
+                    "flops_per_s": 2 * n ** 3 / statistics.median(times),
+                    "sm_clock_mhz": clocks.window(t0) if clocks is not None else None})
     return out

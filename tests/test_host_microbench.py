@@ -420,3 +420,31 @@ def test_the_host_kernels_compile_for_sm80_and_sm90(tmp_path):
         for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp", "hbmsim_block_starts"):
             assert f".entry {name}(" in text, (arch, name)
         assert "%smid" in text and "%globaltimer" in text
+
+
+def test_the_clock_sampler_records_power_and_the_clock_reasons(monkeypatch):
+    # a fake NVML: the SM clock reads 1980 MHz every time, while the power limit holds it down
+    # between samples (sw_power_cap) at 690-700 W, once also hw_slowdown
+    import sys
+    import types
+    from hbmsim.kernels.sm_clock import ClockSampler, throttle_names
+    script = iter([(1980, 690_000, 0x4), (1980, 700_000, 0x4 | 0x8), (1965, 695_000, 0x4)])
+    current = {}
+
+    def step(*_):
+        current.update(zip(("clock", "power", "reasons"), next(script)))
+        return current["clock"]
+    fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "h",
+                                 nvmlDeviceGetClockInfo=step, nvmlDeviceGetPowerUsage=lambda h: current["power"],
+                                 nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: current["reasons"])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(ClockSampler, "_run", lambda self, period_s: None)     # no thread: samples by hand
+    s = ClockSampler()
+    for _ in range(3):
+        s.sample()
+    w = s.window(0.0)
+    assert (w["samples"], w["median"], w["min"], w["max"]) == (3, 1980, 1965, 1980)
+    assert (w["power_w_median"], w["power_w_max"]) == (695.0, 700.0)
+    assert w["clock_reasons"] == ["sw_power_cap", "hw_slowdown"]
+    assert throttle_names(0x1 | 0x400) == ["gpu_idle", "0x400"]
+    s.stop()
