@@ -90,6 +90,13 @@ def first_blocked(times_s, threshold_s: float) -> int | None:
     return None
 
 
+def timer_steps(stamps_s) -> list:
+    """The nonzero gaps between distinct %globaltimer stamps (up to 1000 of them): their smallest,
+    over every repeat, is the timer's observed resolution."""
+    d = np.diff(np.unique(np.ravel(stamps_s)))
+    return d[d > 0].tolist()[:1000]
+
+
 def first_wave(starts_s, smids, slots: int, spin_s: float) -> dict:
     """The first wave of a block_starts launch: the blocks that entered before the earliest entry
     plus half the spin (those after it waited for a slot to free), their spread, the spread over
@@ -209,8 +216,7 @@ def launch_gap(cp, stamp, spin, kernels: int = 200, repeats: int = 10, spin_s: f
         own.append(float(np.median(s[:, 1] - s[:, 0])))
         stamp_gaps.append(float(np.median(s[1:, 0] - s[:-1, 1])))
         host_s.append(t1 - t0)
-        d = np.diff(np.unique(s.ravel()))
-        diffs.extend(d[d > 0].tolist()[:1000])
+        diffs.extend(timer_steps(s))
     per_s, own_s = statistics.median(per), statistics.median(own)
     hidden = max(host_s) < spin_s
     return {"kernels": kernels, "repeats": repeats, "spin_s": spin_s,
@@ -225,22 +231,22 @@ def launch_gap(cp, stamp, spin, kernels: int = 200, repeats: int = 10, spin_s: f
 
 
 def block_dispatch(cp, block_starts, waves: int = 2, spin_s: float = 0.001, repeats: int = 10) -> dict:
-    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    dev = cp.cuda.Device()
+    sms = int(dev.attributes["MultiProcessorCount"])
     slots = 2                                          # 1024-thread blocks: 2048 threads an SM on sm80 and sm90
     blocks = waves * slots * sms
     starts = cp.zeros(blocks, dtype=cp.uint64)
     smids = cp.zeros(blocks, dtype=cp.uint32)
     runs, diffs = [], []
     for r in range(repeats + 1):                       # the first launch warms up
-        cp.cuda.Device().synchronize()
+        dev.synchronize()
         block_starts((blocks,), (1024,), (starts, smids, np.uint64(int(spin_s * 1e9))))
-        cp.cuda.Device().synchronize()
+        dev.synchronize()
         if not r:
             continue
         t = cp.asnumpy(starts).astype(np.int64) * 1e-9
         runs.append(first_wave(t, cp.asnumpy(smids), slots, spin_s))
-        d = np.diff(np.unique(t))
-        diffs.extend(d[d > 0].tolist()[:1000])
+        diffs.extend(timer_steps(t))
     med = {key: statistics.median(r[key] for r in runs) for key in ("first_wave_spread_s", "per_block_s")}
     return {"sms": sms, "slots_per_sm": slots, "blocks": blocks, "spin_s": spin_s, "repeats": repeats, **med,
             "runs": runs, "globaltimer_resolution_s": min(diffs) if diffs else None,

@@ -4,6 +4,8 @@ board's power draw and the reasons NVML gives for holding the clock down (a samp
 1980 MHz while the power limit holds the SMs lower between samples: docs/validation.md, the FA3 set)."""
 from __future__ import annotations
 
+import functools
+import operator
 import statistics
 import threading
 import time
@@ -82,10 +84,7 @@ class ClockSampler:
             out["power_w_median"], out["power_w_max"] = statistics.median(watts), max(watts)
         masks = [r[3] for r in rows if r[3] is not None]
         if masks:
-            seen = 0
-            for m in masks:
-                seen |= m
-            out["clock_reasons"] = throttle_names(seen)
+            out["clock_reasons"] = throttle_names(functools.reduce(operator.or_, masks))
         return out
 
     def stop(self):
