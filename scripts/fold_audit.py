@@ -29,7 +29,7 @@ from hbmsim.scenarios.experiment import Experiment
 from hbmsim.scenarios.published import measured_names
 from hbmsim.scenarios.runner import prepare, run_config
 from hbmsim.scenarios.validate import plan, share_training_runs
-from hbmsim.simulator import TimeModel
+from hbmsim.simulator import HbmsimError, TimeModel
 from hbmsim.simulator import fold
 
 
@@ -41,22 +41,40 @@ def audit_one(cfg) -> list:
     return [dict(e, where=str(cfg.where), gpu=cfg.gpu.name) for e in entries]
 
 
+def _at_least_1(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="as validate --only")
-    ap.add_argument("--max-seq-len", type=int, help="as validate --max-seq-len")
-    ap.add_argument("--workers", type=int, default=1, help="local processes (default 1)")
+    ap.add_argument("--max-seq-len", type=_at_least_1, help="as validate --max-seq-len")
+    ap.add_argument("--workers", type=_at_least_1, default=1, help="local processes (default 1)")
     ap.add_argument("--show", type=float, default=0.003, help="print launches off by more than this fraction")
     ap.add_argument("--json", help="write every launch's entry to this file")
     args = ap.parse_args(argv)
-    configs, jobs = plan(measured_names(), args.only, args.max_seq_len)
-    exp = prepare(Experiment("validate", "validate", configs[0].gpu, configs))
-    configs, _ = share_training_runs(exp.configs, jobs)
+    try:
+        configs, jobs = plan(measured_names(), args.only, args.max_seq_len)
+        exp = prepare(Experiment("validate", "validate", configs[0].gpu, configs))
+        configs, _ = share_training_runs(exp.configs, jobs)
+    except HbmsimError as err:
+        print(f"fold_audit: {err}", file=sys.stderr)
+        return 2
     entries = []
-    with ProcessPoolExecutor(max(1, args.workers)) as pool:
-        for i, found in enumerate(pool.map(audit_one, configs), 1):
-            entries += found
-            print(f"fold_audit: {i}/{len(configs)} simulations", file=sys.stderr, flush=True)
+    try:              # Ctrl-C: what was audited so far is still summarised (and written)
+        with ProcessPoolExecutor(args.workers) as pool:
+            for i, found in enumerate(pool.map(audit_one, configs), 1):
+                entries += found
+                print(f"fold_audit: {i}/{len(configs)} simulations", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print(f"fold_audit: interrupted; what follows covers the {len(entries)} launches audited so far",
+              file=sys.stderr)
     folded = [e for e in entries if e["would_skip_blocks"]]
     for e in sorted(folded, key=lambda e: -abs(e["error_s"]) / e["kernel_s"]):
         rel = e["error_s"] / e["kernel_s"]

@@ -289,3 +289,20 @@ def test_the_fa1_kernel_in_fast_mode_is_within_1_percent_with_exact_counts():
     kernels = run_config(cfg, count_only=True, fast=True)[1]["kernels"]
     (bwd,) = [k for k in kernels if k["name"] == "fa1_bwd_seqparallel"]
     assert 0 < bwd["folded_blocks"] < bwd["grid"]
+
+
+def test_the_audit_script_refuses_what_it_cannot_run_in_one_line(capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "scripts" / "fold_audit.py"
+    spec = importlib.util.spec_from_file_location("fold_audit", path)
+    audit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audit)
+    assert audit.main(["--only", "no-such-thing"]) == 2
+    assert capsys.readouterr().err.strip() == ("fold_audit: validate: no run left to simulate "
+                                               "(check --only and --max-seq-len)")
+    for bad in (["--workers", "0"], ["--max-seq-len", "-3"]):
+        with pytest.raises(SystemExit) as stop:
+            audit.main(bad)
+        assert stop.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
