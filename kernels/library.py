@@ -48,15 +48,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="the decode grid (kernels/library_decode.py)")
     p.add_argument("--out-kvcache", help="with --decode: the file for flash-attn's runs (default: beside --out, "
                    f"named <stem>-{library_decode.KVCACHE}.json)")
-    p.add_argument("--batches", nargs="+", type=_positive, default=list(library_decode.BATCHES),
+    p.add_argument("--batches", nargs="+", type=positive_int, default=list(library_decode.BATCHES),
                    help="with --decode: batch sizes")
-    p.add_argument("--kv-lens", nargs="+", type=_positive, default=list(library_decode.KV_LENS),
+    p.add_argument("--kv-lens", nargs="+", type=positive_int, default=list(library_decode.KV_LENS),
                    help="with --decode: KV-cache lengths (tokens per sequence)")
     p.add_argument("--no-flush-l2", action="store_true", help="with --decode: leave the L2 warm between calls")
     return p
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (also scripts/fold_audit.py's)."""
     try:
         v = int(text)
     except ValueError:

@@ -25,6 +25,7 @@ import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from hbmsim.kernels.library import positive_int
 from hbmsim.scenarios.experiment import Experiment
 from hbmsim.scenarios.published import measured_names
 from hbmsim.scenarios.runner import prepare, run_config
@@ -41,21 +42,11 @@ def audit_one(cfg) -> list:
     return [dict(e, where=str(cfg.where), gpu=cfg.gpu.name) for e in entries]
 
 
-def _at_least_1(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="as validate --only")
-    ap.add_argument("--max-seq-len", type=_at_least_1, help="as validate --max-seq-len")
-    ap.add_argument("--workers", type=_at_least_1, default=1, help="local processes (default 1)")
+    ap.add_argument("--max-seq-len", type=positive_int, help="as validate --max-seq-len")
+    ap.add_argument("--workers", type=positive_int, default=1, help="local processes (default 1)")
     ap.add_argument("--show", type=float, default=0.003, help="print launches off by more than this fraction")
     ap.add_argument("--json", help="write every launch's entry to this file")
     args = ap.parse_args(argv)
