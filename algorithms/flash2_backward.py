@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Program
+from hbmsim.simulator.tensor import L2Lines
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, kv_block, named, recompute_p,
@@ -119,6 +120,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
+    lines = L2Lines(block_q)              # a coarse step's query rows as the L2 keeps them
 
     def q_rows(i):
         return block_rows(i, block_q, nq)
@@ -146,14 +148,19 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         dk_acc = dv_acc = None
         if numeric:
             dk_acc, dv_acc = np.zeros((nc, d)), np.zeros((nc, d))
-        # steps end at multiples of q_step, so that every K/V block loads the same Q, dO rows (and
-        # the L2 sees them as the same lines) whatever i_first
+        # steps end at multiples of q_step, so that every K/V block's steps cover the same query
+        # tiles whatever i_first. Under a causal mask the L2 keeps a step's Q, dO, lse, D (and dQ's
+        # atomics) as lines of block_q rows (L2Lines), the lines the forward and dot_do_o made, as
+        # every K/V block sees them whatever its first step (one line a step made the backward's
+        # DRAM bytes 1.2-2.1x); without one every block's steps are alike, one line a step.
         for i in [i_first, *range((i_first // q_step + 1) * q_step, tr, q_step)]:
             tiles = min(tr, (i // q_step + 1) * q_step) - i      # query tiles in this step
             r0, r1 = q_rows(i).start, q_rows(i + tiles - 1).stop
-            rows, n = slice(r0, r1), r1 - r0
-            q, d_o, lse, big_d = yield from ctx.load_tiles((Q[g], rows, all_cols), (dO[g], rows, all_cols),
-                                                           (LSE[g], rows, one), (D[g], rows, one))
+            n = r1 - r0
+            rows = slice(r0, r1)
+            by_tile = (lines,) if wl.causal and tiles > 1 else ()
+            q, d_o, lse, big_d = yield from ctx.load_tiles(
+                *[(T[g], rows, c, *by_tile) for T, c in ((Q, all_cols), (dO, all_cols), (LSE, one), (D, one))])
             # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
             # dQ += dS K, dK += dS^T Q; recomputing P takes an exp per score; SRAM: every warp's
             # operand slices (bwd_sram_read_elements). Several query tiles in one step: everything
@@ -172,7 +179,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                          dP=steps["dP"], dS=steps["dS"], dQ=dq_part, dK=dk_part)
                 dk_acc += dk_part
                 dv_acc += dv_part
-            yield from ctx.atomic_add(dQacc[g], rows, all_cols, dq_part)
+            yield from ctx.atomic_add(dQacc[g], rows, all_cols, dq_part, *by_tile)
         yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
 
     def convert_dq(ctx, index):

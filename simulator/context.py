@@ -12,7 +12,7 @@ import simpy
 from .errors import HbmsimError
 from .results import KernelResult
 from .simpy_adapter import timers
-from .tensor import SECTOR_BYTES, Tensor, TensorView, tile_sectors
+from .tensor import SECTOR_BYTES, L2Lines, Tensor, TensorView, tile_sectors
 from .time_model import ASYNC_TENSOR_OPS, FP32, LIBRARY
 
 
@@ -135,11 +135,13 @@ class MachineContext:
         self._launch.track_store(*self._issue(tiles, True))
         return ()
 
-    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
+    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None, access=None) -> tuple:
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
-        counted as a read and a write of the tile; like a store, it does not stall the block."""
+        counted as a read and a write of the tile; like a store, it does not stall the block.
+        `access`: as for `load` (tensor.L2Lines: the L2's lines of a fast-mode step)."""
         self._write(view, rows, cols, value, "atomic_add to", add=True)
-        self._launch.track_store(*self._issue(((view, rows, cols),), False, also_write=True))
+        tile = (view, rows, cols) if access is None else (view, rows, cols, access)
+        self._launch.track_store(*self._issue((tile,), False, also_write=True))
         return ()
 
     @staticmethod
@@ -168,7 +170,8 @@ class MachineContext:
         the L2 or there is no L2), apply the L2's policy (l2.py) and credit what it writes back.
         A tile's bytes are its elements' bytes; a tile that names an access pattern (its optional
         last element, after the value for a store: tensor.py's COALESCED, Strided, PER_THREAD_ROW)
-        counts the 32-byte sectors that pattern touches instead (tensor.tile_sectors)."""
+        counts the 32-byte sectors that pattern touches instead (tensor.tile_sectors); one that
+        names tensor.L2Lines counts its bytes, and the L2 sees it line by line."""
         kernel = self.kernel
         if kernel is not self._tensors_of:        # the worker switched records (fold.py)
             self._tensors, self._tensors_of = self._launch.tensors_of(kernel), kernel
@@ -190,8 +193,14 @@ class MachineContext:
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
+                lines = None
                 if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
-                    nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1, tile[plain])
+                    if tile[plain].__class__ is L2Lines:          # (or the bytes, in the L2's lines)
+                        lines = tile[plain].rows
+                        nbytes = (r1 - r0) * (c1 - c0) * itemsize
+                    else:
+                        nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1,
+                                                             tile[plain])
                 else:                                  # the bytes requested
                     nbytes = (r1 - r0) * (c1 - c0) * itemsize
                 if w:
@@ -199,24 +208,30 @@ class MachineContext:
                 else:
                     traffic.read += nbytes
                 if l2 is None:
-                    from_hbm = True
+                    miss = nbytes
                 else:                                  # a load that misses: from DRAM; the rest: the L2
-                    from_hbm = l2_access((uid, view.group, r0, r1, c0, c1), nbytes, w, owner)
+                    if lines is None:
+                        miss = nbytes if l2_access((uid, view.group, r0, r1, c0, c1), nbytes, w, owner) else 0
+                    else:                              # line by line, each of `lines` rows
+                        miss, row_bytes = 0, (c1 - c0) * itemsize
+                        for s0 in range(r0, r1, lines):
+                            s1 = min(r1, s0 + lines)
+                            if l2_access((uid, view.group, s0, s1, c0, c1), (s1 - s0) * row_bytes, w, owner):
+                                miss += (s1 - s0) * row_bytes
                     if written_back:                   # it sent dirty bytes to DRAM: credit their owners
                         for (name, _pass), old_bytes in written_back:
                             (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += old_bytes
                             writeback_bytes += old_bytes
                         written_back.clear()
-                if from_hbm:
-                    hbm_bytes += nbytes
+                if miss:
+                    hbm_bytes += miss
                     if w:
-                        traffic.hbm_write += nbytes
+                        traffic.hbm_write += miss
                     else:
-                        traffic.hbm_read += nbytes
-                else:
-                    l2_bytes += nbytes
+                        traffic.hbm_read += miss
+                l2_bytes += nbytes - miss
                 if trace is not None:
-                    self._trace(trace, w, view, rows, cols, nbytes, from_hbm)
+                    self._trace(trace, w, view, rows, cols, nbytes, miss > 0)
         if writeback_bytes:     # to DRAM, waited on by nobody: like a store, the kernel ends after it
             self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
         l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0

@@ -72,7 +72,8 @@ class BlockContext(Protocol):
     def load(self, view: TensorView, rows: slice, cols: slice, access=None):
         """Move one tile from global memory into SRAM; returns it (None in count-only mode).
         `access`: how the kernel's threads read it (tensor.py: COALESCED, Strided, PER_THREAD_ROW),
-        counted in the 32-byte sectors it touches; None: the tile's own bytes."""
+        counted in the 32-byte sectors it touches; None: the tile's own bytes; tensor.L2Lines(r):
+        its own bytes, which the L2 keeps as lines of r rows (tiles taken together in a step)."""
 
     def load_tiles(self, *tiles):
         """Issue several tile loads at once (in flight together, as cp.async does) and wait
@@ -95,9 +96,10 @@ class BlockContext(Protocol):
         stores they do not stall the block: they use bandwidth, and the kernel ends only when
         all of them have drained. (Nothing to wait for: returns no events.)"""
 
-    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None) -> tuple:
+    def atomic_add(self, view: TensorView, rows: slice, cols: slice, value=None, access=None) -> tuple:
         """value is added to the tile in global memory, atomically (as atomicAdd / RED do, at L2):
-        counted as a read and a write of the tile; like a store, it does not stall the block."""
+        counted as a read and a write of the tile; like a store, it does not stall the block.
+        `access` as for `load`."""
 
     def compute(self, matmul_flops: int = 0, vector_flops: int = 0, sram_bytes: int = 0, exp_ops: int = 0) -> tuple:
         """Occupy this SM's tensor cores, vector units (of which `exp_ops` are exps, for the

@@ -114,6 +114,22 @@ class PerThreadRow:
 PER_THREAD_ROW = PerThreadRow()
 
 
+class L2Lines:
+    """A tile requested at once that the L2 (l2.py, tile granular) keeps as lines of `rows` rows
+    each, from the tile's first row: the tiles a kernel loads one by one, taken together in a
+    fast-mode step. Its bytes are the tile's own; each line hits or misses by itself, so every
+    block asks the L2 for the same lines whatever its step."""
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: int):
+        if rows < 1:
+            raise HbmsimError(f"L2Lines: rows = {rows} must be >= 1")
+        self.rows = int(rows)
+
+    def __repr__(self) -> str:
+        return f"L2Lines({self.rows})"
+
+
 def _span_sectors(start: int, end: int) -> int:
     """Sectors the bytes [start, end) touch."""
     return ((end + SECTOR_BYTES - 1) // SECTOR_BYTES - start // SECTOR_BYTES) if end > start else 0

@@ -173,6 +173,30 @@ def test_several_tiles_a_step_are_within_1_percent_with_exact_counts(monkeypatch
     compare(flash2_config(part_of(preset), wl, ("forward", "backward")), must_fold=False)
 
 
+def test_several_tiles_a_step_under_a_causal_mask_keep_the_l2_lines_of_single_tiles(monkeypatch):
+    """Under a causal mask each block's loop sets its own step, so neighbouring blocks' coarse
+    steps cover different tiles (a block of 5 K/V tiles: [0, 3) and [3, 5); of 4: [0, 3) and
+    [3, 4)). The L2 keeps a step's tiles as the lines of single tiles (tensor.L2Lines): with an L2
+    that holds everything, 3 tiles a step read every tile from DRAM once, as a step per tile does.
+    (One line a step made the L2 miss what other blocks had loaded: at N = 32768 on H100, head dim
+    128, the forward's DRAM bytes 2.2x and the backward's 1.17x a step per tile.)
+    Batch 1, 2 heads, N = 256, head dim 16, fp16, tiles of 16 x 16: Q, K and V are 2 x 256 x 16 x 2
+    B = 16,384 B each, and the forward reads each once."""
+    monkeypatch.setattr(common, "COARSE_ABOVE_TILES", 2)       # every loop of 3 tiles or more coarsens
+    monkeypatch.setattr(common, "STEPS_PER_BLOCK", 1)
+    wl = Workload(batch=1, heads=2, seq_len_q=256, seq_len_kv=256, head_dim=16, causal=True)
+    gpu = tiny_gpu(l2_bytes=10**8, l2_bytes_per_s=1e12)
+    dram, events = {}, {}
+    for step in (1, 3):
+        res = simulate(gpu, flash2_training(wl, 16, 16, None, tiles_per_step=(step, step)))
+        dram[step] = {p: {n: (t.hbm_read, t.hbm_write) for n, t in res.tensors(p).items()}
+                      for p in ("forward", "backward")}
+        events[step] = res.sim_events
+    assert dram[3] == dram[1]
+    assert {n: dram[3]["forward"][n][0] for n in "QKV"} == {"Q": 16384, "K": 16384, "V": 16384}
+    assert events[3] < 0.8 * events[1]                         # the steps were coarse
+
+
 def test_tiles_per_step_rule():
     assert common.tiles_per_step(256) == 1              # at most COARSE_ABOVE_TILES: a step a tile
     assert common.tiles_per_step(257) == 2               # then at least STEPS_PER_BLOCK steps

@@ -84,3 +84,23 @@ def test_run_and_validate_take_the_l2_start(tmp_path, capsys):
     assert config_of("m.json", 0, run).l2_start == "cold"
     with pytest.raises(HbmsimError, match=r"m.json: runs\[0\]: field 'l2_start' = 'hot' must be cold or warm"):
         config_of("m.json", 0, dict(run, l2_start="hot"))
+
+
+def test_a_tile_in_l2_lines_hits_and_misses_line_by_line():
+    """tensor.L2Lines(r): one request whose rows the L2 keeps as lines of r rows. A (4 rows of 8
+    bytes, 32 B) stored row by row: a load of rows 0-2 as L2Lines(1) hits its three lines (no DRAM),
+    the same rows as one plain tile miss (24 B from DRAM: the L2 holds rows, not a 3-row line); a
+    store of rows 2-4 as L2Lines(1) hits row 2's line and allocates row 3's. Bytes: 32 stored, then
+    24 + 24 read, 16 stored."""
+    from hbmsim.simulator.tensor import L2Lines
+    a = Tensor("A", (1, 4, 8), "bool", count_only=True)
+    cols = slice(0, 8)
+
+    def block(ctx, i):
+        ctx.store_tiles(*[(a[0], slice(r, r + 1), cols, None) for r in range(4)])
+        yield from ctx.load(a[0], slice(0, 3), cols, L2Lines(1))         # three lines, each a hit
+        yield from ctx.load(a[0], slice(0, 3), cols)                     # a 3-row line: a miss
+        ctx.store_tiles((a[0], slice(2, 4), cols, None, L2Lines(1)))
+    r = simulate(tiny_gpu(l2_bytes=4096, l2_bytes_per_s=1e12), Program("p", [Launch("p", 1, 0, block)], inputs=(a,)))
+    read, write, hbm_read, _ = traffic(r)["A"]
+    assert (read, write, hbm_read) == (48, 48, 24)
