@@ -30,40 +30,18 @@ import math
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
+from hbmsim.simulator.tensor import L2Lines
 from hbmsim.simulator.time_model import WGMMA, WGMMA_FP8
 
 from .common import (STATS_DTYPE, block_rows, masked_scores, normalised_rows, online_softmax_vector_flops, output,
                      row_blocks_period, unnormalised_softmax_step)
-from .common import tiles_per_step as common_tiles_per_step
+from .common import tiles_per_step as coarse_step
 from .workload import AttentionData, Workload, causal_kv_end
-
-# Fast mode under a causal mask, in a grid of FA3_CAUSAL_MIN_BLOCKS blocks or more: a block whose
-# loop has 64 or more K/V tiles takes tiles // 32 a step (at least FA3_CAUSAL_STEPS_PER_BLOCK steps,
-# at most FA3_CAUSAL_MAX_TILES_PER_STEP tiles a step), on top of common.tiles_per_step (which leaves
-# causal loops up to 256 tiles alone). Against a step per tile, H100, causal, N = 16384 (16896 for
-# FP8), head dims 64, 128 and 256, fp16 and FP8 (1,024 to 2,752 blocks): the forward's time within
-# 0.5%, DRAM bytes within 0.02%, 1.3-2.8x faster (docs/speed.md). In a grid of a wave or two the
-# longest blocks end the kernel and the coarser steps show (-1.9% with 264 blocks): those keep a
-# step per tile. Each block keeps its own loop's rule, and loads its K/V tile by tile.
-FA3_CAUSAL_STEPS_PER_BLOCK = 32
-FA3_CAUSAL_MAX_TILES_PER_STEP = 4
-FA3_CAUSAL_MIN_BLOCKS = 1024         # about 8 waves of one block per SM on a 132-SM GPU
 
 WG_ROWS = 64              # rows of one consumer warpgroup: AtomLayoutQK = kBlockM / 64 warpgroups
                           # (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp line 89)
 FP8_BYTES = 1             # e4m3: one byte an element
 FP8_DTYPE = "fp8_e4m3"
-
-
-def fa3_tiles_per_step(tiles: int, even: bool, blocks: int) -> int:
-    """K/V tiles one simulated step covers in fast mode, for a loop of `tiles` tiles in a grid of
-    `blocks` (`even`: no causal mask, every block's loop as long): common.tiles_per_step, and under
-    a causal mask in a grid of FA3_CAUSAL_MIN_BLOCKS or more at least
-    tiles // FA3_CAUSAL_STEPS_PER_BLOCK, up to FA3_CAUSAL_MAX_TILES_PER_STEP."""
-    step = common_tiles_per_step(tiles, even)
-    if not even and blocks >= FA3_CAUSAL_MIN_BLOCKS:
-        step = max(step, min(FA3_CAUSAL_MAX_TILES_PER_STEP, tiles // FA3_CAUSAL_STEPS_PER_BLOCK))
-    return step
 
 
 def fa3_tensor(name: str, shape: tuple, data, fp8: bool) -> Tensor:
@@ -118,9 +96,10 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     numeric = data is not None
     all_cols = slice(0, d)
     op = WGMMA_FP8 if fp8 else WGMMA
+    kv_lines = L2Lines(block_kv)
 
     def kv_steps(kv_end):
-        own = fa3_tiles_per_step(math.ceil(kv_end / block_kv), not wl.causal, g_count * tr)
+        own = coarse_step(math.ceil(kv_end / block_kv), not wl.causal, g_count * tr)
         step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
         out = []
         for c0 in range(0, kv_end, step_cols):
@@ -172,9 +151,12 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     v_ready[s_i].succeed()
 
         def kv_tiles(T, c0, c1):
-            # a step's K or V rows, tile by tile (one TMA load each): in a coarse step too, so that
-            # every block, whatever its causal end, loads the same tiles (the L2 sees the same lines)
-            return [(T[kg], slice(t0, min(c1, t0 + block_kv)), all_cols) for t0 in range(c0, c1, block_kv)]
+            # a step's K or V rows, tile by tile (one TMA load each): in a coarse step too, the L2
+            # keeps them as the lines of single tiles (L2Lines), so that every block, whatever its
+            # causal end, asks it for the same lines
+            if c1 - c0 <= block_kv:
+                return [(T[kg], slice(c0, c1), all_cols)]
+            return [(T[kg], slice(c0, c1), all_cols, kv_lines)]
 
         def kv_value(got):
             return None if got[0] is None else np.vstack(got)

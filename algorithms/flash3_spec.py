@@ -22,7 +22,7 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import tiles_per_step
-from .flash3 import WG_ROWS, fa3_tiles_per_step, flash3_forward, flash3_sram_bytes
+from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_backward import flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
@@ -138,9 +138,9 @@ def _registers(block_q: int) -> int:
 
 
 def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
-    """K/V tiles a fast-mode forward step covers at most (flash3.fa3_tiles_per_step over the
+    """K/V tiles a fast-mode forward step covers at most (common.tiles_per_step over the
     longest loop, in the launch's grid of batch-heads x query blocks)."""
-    return fa3_tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal,
+    return tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal,
                               wl.groups * math.ceil(wl.seq_len_q / m.block_q))
 
 

@@ -203,15 +203,16 @@ def test_run_prints_its_tiles_and_the_timeline_has_its_roles(tmp_path, capsys):
 
 
 def test_fast_mode_takes_several_causal_tiles_a_step_in_a_long_grid_with_the_same_counts():
-    """Fast mode's causal rule (flash3.fa3_tiles_per_step): in a grid of 1,024 blocks or more,
+    """Fast mode's causal rule (common.tiles_per_step with the grid's blocks): in a grid of 1,024 blocks or more,
     tiles // 32 a step, 2 to 4, from 64 K/V tiles; in a shorter grid, and without a mask,
     common.tiles_per_step's. The counts of coarse steps: batch 1, 2 heads, N = 2048, head dim 64,
     tiles of 192 x 32 (up to 64 K/V tiles a block), two tiles a step forced: against a step per
     tile, the same L2-side bytes, FLOPs and DRAM bytes (K/V loaded tile by tile)."""
+    from hbmsim.algorithms import common
     from hbmsim.algorithms import flash3 as fa3
     from hbmsim.scenarios.experiment import Config, Experiment, RunSpec
     from hbmsim.scenarios.runner import prepare, run_config
-    rule = fa3.fa3_tiles_per_step
+    rule = common.tiles_per_step
     assert [rule(t, False, 1024) for t in (32, 63, 64, 96, 128, 1024)] == [1, 1, 2, 3, 4, 8]
     assert [rule(t, False, 1023) for t in (64, 128, 1024)] == [1, 1, 8]        # a short grid: common's
     assert [rule(t, True, 4096) for t in (32, 64, 128)] == [1, 4, 8]           # no mask: common's even rule
@@ -220,12 +221,38 @@ def test_fast_mode_takes_several_causal_tiles_a_step_in_a_long_grid_with_the_sam
                                                                         {"block_q": 192, "block_kv": 32}))])).configs[0]
     per_tile = run_config(cfg, True, fast=True)[0]
     from hbmsim.algorithms import flash3_spec
-    fa3.fa3_tiles_per_step = flash3_spec.fa3_tiles_per_step = lambda tiles, even, blocks: 2
+    fa3.coarse_step = flash3_spec.tiles_per_step = lambda tiles, even=False, blocks=0: 2
     try:
         coarse = run_config(cfg, True, fast=True)[0]
     finally:
-        fa3.fa3_tiles_per_step = flash3_spec.fa3_tiles_per_step = rule
+        fa3.coarse_step = flash3_spec.tiles_per_step = rule
     for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops",
               "hbm_read_bytes", "hbm_write_bytes"):
         assert coarse[f] == per_tile[f], f
     assert coarse["sim_events"] < 0.7 * per_tile["sim_events"]
+
+
+def test_the_serial_bound_script_by_hand(capsys):
+    """scripts/fa3_serial_bound.py: wgmma at the spec peak plus the exps, nothing overlapped. FA3
+    fp16, head dim 128, B 4, H 16, N 4096, no mask, at the paper's 1830 MHz: 4 N^2 d = 8.590e9
+    FLOPs a head x 64 heads / 989.4e12 = 0.5557 ms; N^2 x 64 = 1.074e9 exps / (16 x 132 x 1.83e9)
+    = 0.2778 ms; 64 x 32 = 2048 blocks of 128 rows are 15.52 waves of 132, so x 16 / 15.52: 0.8595
+    ms (published: 0.862). A causal toy by hand: N = 4, d = 2, 2 x 2 tiles: 32 + 64 FLOPs, 4 + 8 exps."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "scripts" / "fa3_serial_bound.py"
+    spec = importlib.util.spec_from_file_location("fa3_serial_bound", path)
+    bound = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound)
+    assert bound.visited(4, 2, 2, 2, True) == (96, 12, [32, 64])
+    run = {"hardware": "h100-sxm5-80gb", "algorithm": "flash3", "variant": "fa3-kernel", "pass": "forward",
+           "workload": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": False},
+           "hardware_overrides": {"clock_hz": 1.83e9}}
+    flops, exps = 64 * 4 * 4096**2 * 128, 64 * 4096**2
+    want = (flops / 989.4e12 + exps / (16 * 132 * 1.83e9)) * 16 / (2048 / 132)
+    assert bound.bound_s(run) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(0.8595e-3, rel=1e-3)
+    assert bound.main([]) == 0
+    assert "fa3-kernel no mask      9      1.5%" in capsys.readouterr().out
+    assert bound.main(["h100-torch-fwd-bwd"]) == 2
+    assert "no flash3 forward run" in capsys.readouterr().err
