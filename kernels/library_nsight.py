@@ -86,10 +86,12 @@ NCU_SUMMARY_METRICS = (
 #   how far FA2's softmax and its GEMMs overlap;
 # - the global loads' and stores' L1 requests and 32-byte sectors, and the L2 sectors the SMs asked
 #   for: an uncoalesced access (the transposing copies of PyTorch's baseline) asks for a sector per
-#   element, which DRAM bytes do not show.
+#   element, which DRAM bytes do not show;
+# - on sm90, the GMMA tensor pipe's activity (wgmma; the hmma metric above counts mma.sync only):
+#   beside the XU pipe's, whether a warp-specialised kernel's exps run under its GEMMs.
 NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_",
                         "l1tex__t_requests_pipe_lsu_mem_global_op_", "l1tex__t_sectors_pipe_lsu_mem_global_op_",
-                        "lts__t_sectors_srcunit_tex_op_")
+                        "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_")
 
 
 def summarise_ncu_raw(text: str) -> list[dict]:

@@ -67,6 +67,14 @@ STEPS = (
          "issue 26: torch's cuDNN attention and FlashAttention-3 (where installed) against the flash3 program, "
          "and FA2 beside them for the measured FA3/FA2 speed-up",
          (("{gpu}-torch-hopper.json", "scenarios/measured/{gpu}-torch-hopper.json"),)),
+    Step("ncu-hopper", 240, (
+        _ncu_forward("cudnn", 64), _ncu_forward("cudnn", 256),
+        (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", "{out}/ncu-cudnn-64-4096-forward.csv",
+         "{out}/ncu-cudnn-256-4096-forward.csv", "--out", "{out}/{gpu}-ncu-hopper.json")),
+         "issue 26: whether a warp-specialised Hopper kernel (cuDNN's attention) runs its exps under its wgmma "
+         "GEMMs (the GMMA tensor pipe's and the XU pipe's active cycles) at head dims 64 and 256, where the "
+         "flash3 program is 23% fast and 12% slow and scripts/fa3_serial_bound.py's no-overlap bound fits",
+         (("{gpu}-ncu-hopper.json", "scenarios/measured/{gpu}-ncu-hopper.json"),)),
     Step("decode", 240, ((PY, "-m", "hbmsim.kernels.library", "--decode", "--repeats", "10", "--out",
                           "{out}/{gpu}-decode-sdpa-gqa.json", "--out-kvcache", "{out}/{gpu}-decode-fa2-kvcache.json"),),
          "issue 25: decode with grouped-query heads, split-KV and paged caches",
