@@ -156,14 +156,14 @@ STEPS_PER_BLOCK = 128
 EVEN_COARSE_ABOVE_TILES = 32
 EVEN_STEPS_PER_BLOCK = 16
 EVEN_MAX_TILES_PER_STEP = 8
-# Under a causal mask, in a grid of CAUSAL_MIN_BLOCKS blocks or more (about 8 waves of one block per
-# SM on a 132-SM GPU): a loop of 64 or more tiles takes tiles // CAUSAL_STEPS_PER_BLOCK a step, up to
-# CAUSAL_MAX_TILES_PER_STEP, each block by its own loop, its tiles loaded one by one (so that every
-# block asks the tile-granular L2 for the same tiles). Against a step per tile: FA3's forward (H100,
-# N = 16384/16896, head dims 64-256, fp16 and FP8) within 0.5%; flash2's causal training in the
-# validate sets (A100, H100, H200, N = 8192-32768) in docs/speed.md. In a grid of a wave or two the
-# longest blocks end the kernel and coarser steps show (-1.9% with 264 blocks): those keep the rule
-# above.
+# Under a causal mask, for a caller that gives the grid's `blocks` (FA3's forward), in a grid of
+# CAUSAL_MIN_BLOCKS blocks or more (about 8 waves of one block per SM on a 132-SM GPU): a loop of 64
+# or more tiles takes tiles // CAUSAL_STEPS_PER_BLOCK a step, up to CAUSAL_MAX_TILES_PER_STEP, each
+# block by its own loop, its tiles kept as the L2's lines of single tiles (tensor.L2Lines, so that
+# every block asks the tile-granular L2 for the same lines). Against a step per tile, FA3's forward
+# (H100, N = 16384/16896, head dims 64-256, fp16 and FP8) within 0.5%. flash2 gives no grid: its
+# causal forwards moved by -2.1..+2.2% (docs/speed.md). In a grid of a wave or two the longest
+# blocks end the kernel and coarser steps show (-1.9% with 264 blocks): those keep the rule above.
 CAUSAL_MIN_BLOCKS = 1024
 CAUSAL_STEPS_PER_BLOCK = 32
 CAUSAL_MAX_TILES_PER_STEP = 4
