@@ -26,8 +26,8 @@ method it used in the output file:
 - block_dispatch: one launch of `waves` x 2 blocks an SM (1024 threads a block, so an SM holds
   two), each block stamping %globaltimer and %smid at its entry and then spinning: the first
   wave's entries spread over the time the block scheduler takes to hand out a wave. Not a HostSpec
-  field: it sizes the stagger of a launch's first wave, which the simulator does not model
-  (docs/validation.md, "Lock-step waves").
+  field: its per_block_s is the GPU presets' block_dispatch_s, the stagger of a launch's first
+  wave (time_model.py: block_dispatch; docs/validation.md, "Lock-step waves").
 - host_sdpa (PyTorch): torch.nn.functional.scaled_dot_product_attention on tiny fp16 inputs,
   forward and forward+backward, one call at a time: CUDA-event seconds, host seconds of the call,
   and wall seconds to the synchronise. Not a HostSpec field: recorded for validation.

@@ -213,14 +213,8 @@ class MachineContext:
                     if lines is None:
                         miss = nbytes if l2_access((uid, view.group, r0, r1, c0, c1), nbytes, w, owner) else 0
                     else:                              # line by line, each of `lines` rows
-                        miss, row_bytes, group, resident = 0, (c1 - c0) * itemsize, view.group, l2.lines
-                        for s0 in range(r0, r1, lines):
-                            s1 = s0 + lines if s0 + lines < r1 else r1
-                            key = (uid, group, s0, s1, c0, c1)
-                            if not w and key in resident:     # a load's hit: now the most recent (l2.py)
-                                resident.move_to_end(key)
-                            elif l2_access(key, (s1 - s0) * row_bytes, w, owner):
-                                miss += (s1 - s0) * row_bytes
+                        miss = l2.access_lines(uid, view.group, r0, r1, c0, c1, lines, (c1 - c0) * itemsize, w,
+                                               owner)
                     if written_back:                   # it sent dirty bytes to DRAM: credit their owners
                         for (name, _pass), old_bytes in written_back:
                             (kernel.tensors.get(name) or kernel.traffic(name)).hbm_write += old_bytes

@@ -7,7 +7,8 @@ tiles across output tiles). Reuse across differently shaped tiles is not detecte
 traffic is over- rather than under-estimated. A line's owner (the simulator passes the tensor
 name and the pass that touched it) is what write-backs are credited to.
 
-The policy (`access`, one call per tile request):
+The policy (`access`, one call per tile request; `access_lines`, a request the L2 keeps as
+several such tiles):
 - hit: the line becomes the most recent; a store marks it dirty and takes it over (owner);
 - miss: least recently used lines are evicted until the tile fits, each dirty one costing an
   HBM write of its bytes; the tile becomes a line, dirty for a store (a store allocates);
@@ -73,6 +74,22 @@ class L2Cache:
         lines[key] = [nbytes, write, owner]
         self.inserted_bytes += nbytes
         return not write
+
+    def access_lines(self, uid, group: int, r0: int, r1: int, c0: int, c1: int, lines: int, row_bytes: int,
+                     write: bool, owner) -> int:
+        """One request for rows [r0, r1), columns [c0, c1) of batch-head `group` of tensor `uid`
+        that the L2 keeps as lines of `lines` rows from r0 (tensor.L2Lines: the tiles a fast-mode
+        step takes together), each line an `access` of its own (`row_bytes` a row). Returns the
+        bytes HBM must serve now."""
+        resident, miss = self.lines, 0
+        for s0 in range(r0, r1, lines):
+            s1 = s0 + lines if s0 + lines < r1 else r1
+            key = (uid, group, s0, s1, c0, c1)
+            if not write and key in resident:      # a load's hit: `access`'s first case, without the call
+                resident.move_to_end(key)
+            elif self.access(key, (s1 - s0) * row_bytes, write, owner):
+                miss += (s1 - s0) * row_bytes
+        return miss
 
     def warm(self, uid, nbytes: int, owner) -> None:
         """Tensor `uid` (its `nbytes`) starts resident, clean, the most recent line; the least
