@@ -143,3 +143,13 @@ class L2Cache:
                 out.append((line[2], line[0]))
                 line[1] = False
         return out
+
+    def invalidate(self) -> list:
+        """Write back every dirty line and empty the cache, as a profiler's cache control does
+        before each kernel it measures (Nsight Compute's default `--cache-control all`); returns
+        the dirty lines' (owner, nbytes)."""
+        out = self.flush()
+        self.lines.clear()
+        self.used_bytes = 0
+        self.warm_lines = 0
+        return out

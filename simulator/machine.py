@@ -45,8 +45,11 @@ from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, VECTOR_WORK, SmRates, Time
 class Machine:
     def __init__(self, gpu: GPU, trace: Callable | None = None, model: TimeModel | None = None,
                  listener: Callable | None = None, recorder=None, progress: Callable | None = None,
-                 fold: bool = False, l2_start="cold"):
+                 fold: bool = False, l2_start="cold", flush_launches: bool = False):
         self.gpu = gpu
+        # flush_launches: the L2 written back and emptied before every launch, outside it, as Nsight
+        # Compute's cache control does around each kernel it profiles (scripts/ncu_dram_bytes.py)
+        self.flush_launches = flush_launches
         self.l2_start = check_l2_start(l2_start)    # what the L2 holds when the program starts (_warm_l2)
         # fold.py: launches that declare a period are simulated until steady, the rest extrapolated;
         # never while someone watches every step (trace, listener, timeline)
@@ -291,6 +294,8 @@ class Machine:
             if previous is not None and launch.pass_name != previous:
                 self._note_writeback_alone(previous)
             previous = launch.pass_name
+            if self.flush_launches and self.l2 is not None:
+                self.l2.invalidate()           # outside every kernel: neither counted nor timed
             yield from self._run_launch(launch)
         yield from self._flush_l2()
 
@@ -419,12 +424,16 @@ def check_program(gpu: GPU, program: Program) -> None:
 
 def simulate(gpu: GPU, program: Program, trace: Callable | None = None, max_events: int | None = None,
              model: TimeModel | None = None, listener: Callable | None = None, recorder=None,
-             progress: Callable | None = None, fold: bool = False, l2_start="cold") -> SimResult:
+             progress: Callable | None = None, fold: bool = False, l2_start="cold",
+             flush_launches: bool = False) -> SimResult:
     """Run `program` on a fresh machine built from `gpu`, timed by `model` (default: every effect on).
     `listener(time_s, sm, kernel, block, what, values)` receives the programs' annotations;
     `recorder` (a timeline.Timeline) records blocks, transfers and compute for a Chrome trace;
     `progress(blocks_done, blocks_total)` is called after every block; `fold`: launches that
     declare a period may be folded once steady (fold.py: the result says how much was simulated);
     `l2_start`: "cold" (an empty L2), "warm" (the program's inputs resident, as the copies that made
-    them left them) or the names of the inputs resident (machine.check_l2_start)."""
-    return Machine(gpu, trace, model, listener, recorder, progress, fold, l2_start).run(program, max_events)
+    them left them) or the names of the inputs resident (machine.check_l2_start); `flush_launches`:
+    the L2 written back and emptied before every launch, uncounted, as a profiler flushes it before
+    each kernel it measures (a pass's time is then not a pass's: counts per kernel only)."""
+    return Machine(gpu, trace, model, listener, recorder, progress, fold, l2_start,
+                   flush_launches).run(program, max_events)

@@ -104,3 +104,27 @@ def test_a_tile_in_l2_lines_hits_and_misses_line_by_line():
     r = simulate(tiny_gpu(l2_bytes=4096, l2_bytes_per_s=1e12), Program("p", [Launch("p", 1, 0, block)], inputs=(a,)))
     read, write, hbm_read, _ = traffic(r)["A"]
     assert (read, write, hbm_read) == (48, 48, 24)
+
+
+def test_flush_launches_empties_the_l2_before_every_kernel_by_hand():
+    """Nsight Compute's cache control, as `simulate(..., flush_launches=True)` does it: a 4096-byte
+    L2; launch 1 stores a 1024-byte tile T, launch 2 loads it. Without the flush launch 2 hits
+    (no DRAM read) and T's dirty line is written back at the program's end (l2_writeback); with
+    it, T is written back and evicted before launch 2, outside every kernel (no kernel is credited
+    its 1024 bytes), and launch 2 reads T from DRAM."""
+    t = Tensor("T", (1, 1, 1024), "bool", count_only=True)
+    row, cols = slice(0, 1), slice(0, 1024)
+
+    def store(ctx, i):
+        ctx.store(t[0], row, cols)
+        yield from ()
+
+    def load(ctx, i):
+        yield from ctx.load(t[0], row, cols)
+    program = lambda: Program("p", [Launch("store", 1, 0, store, allocs=(t,)), Launch("load", 1, 0, load)])
+    gpu = tiny_gpu(l2_bytes=4096, l2_bytes_per_s=1e12)
+
+    def by_kernel(result):
+        return [(k.name, k.total("hbm_read"), k.total("hbm_write")) for k in result.kernels]
+    assert by_kernel(simulate(gpu, program())) == [("store", 0, 0), ("load", 0, 0), ("l2_writeback", 0, 1024)]
+    assert by_kernel(simulate(gpu, program(), flush_launches=True)) == [("store", 0, 0), ("load", 1024, 0)]

@@ -1,0 +1,148 @@
+"""Predicted DRAM bytes against Nsight Compute's, kernel group by kernel group: a check of the
+L2 model's counts (what reaches DRAM), not of time.
+
+    python scripts/ncu_dram_bytes.py [NCU_FILE ...]      (default: the shipped h100-ncu-kernels)
+
+Each run of an ncu file (scenarios/measured/*-ncu-kernels.json, `scripts/gpu_session.py`'s ncu
+step) names its configuration in its file name: `ncu-IMPL-D-PASS.csv` (N = 4096, no mask),
+`ncu-IMPL-D-N-CAUSAL-PASS.csv`, `n-IMPL-D-N[-causal]-PASS.csv`, with batch = 16384 / N and
+heads = 2048 / D (the FlashAttention-2 paper's grid, fp16). IMPL fa2 is flash2 fa2-kernel,
+pytorch is standard pytorch-bench. Nsight Compute ran with its default cache control ("all"): the
+L2 written back and emptied before every kernel, outside it. The simulation does the same
+(`simulate(..., flush_launches=True)`), so each kernel starts from an empty L2 as it did there.
+
+Printed per kernel group (scenarios/kernel_rows.py) that has measured rows: the predicted and
+the measured DRAM read and write bytes, and the error (predicted - measured) / measured. A group
+whose rows the file filtered (the n-* files kept only some kernel names) compares the predicted
+kernels its rows stand for. A bad file is one line, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from hbmsim.scenarios.experiment import Experiment
+from hbmsim.scenarios.kernel_rows import GROUPS
+from hbmsim.scenarios.published import resolve_measured
+from hbmsim.scenarios.runner import build_program, prepare
+from hbmsim.scenarios.validate import config_of
+from hbmsim.simulator import HbmsimError, simulate
+
+DEFAULT = "h100-ncu-kernels"
+TOKENS = 16384          # batch x N of the FA2 paper's grid
+HIDDEN = 2048           # heads x head dim
+IMPLS = {"fa2": ("flash2", "fa2-kernel"), "pytorch": ("standard", "pytorch-bench")}
+NAME = re.compile(r"^n(?:cu)?-(?P<impl>[a-z0-9]+)-(?P<d>\d+)(?:-(?P<n>\d+))?(?:-(?P<causal>true|false|causal))?"
+                  r"-(?P<pass>forward|backward)\.csv$")
+GPU_OF = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
+
+
+def run_of(file_name: str, hardware: str) -> dict | None:
+    """The measured-file run (validate's schema) that an ncu file name stands for; None for a file
+    that is not an attention pass (the microbenchmarks)."""
+    m = NAME.match(file_name)
+    if m is None or m["impl"] not in IMPLS:
+        return None
+    d, n = int(m["d"]), int(m["n"] or 4096)
+    algorithm, variant = IMPLS[m["impl"]]
+    return {"hardware": hardware, "algorithm": algorithm, "variant": variant, "time_s": 1.0,
+            "pass": "forward+backward" if m["pass"] == "backward" else "forward",
+            "workload": {"batch": TOKENS // n, "heads": HIDDEN // d, "seq_len": n, "head_dim": d, "dtype": "fp16",
+                         "causal": m["causal"] in ("true", "causal")},
+            "ncu_pass": m["pass"]}
+
+
+def predicted_bytes(run: dict, where: str) -> dict:
+    """{kernel name: (DRAM read bytes, DRAM write bytes)} of the run's pass, each kernel from an
+    empty L2 (summed over launches of one name)."""
+    cfg = config_of(where, 0, run)
+    cfg = prepare(Experiment("ncu", "ncu", cfg.gpu, [cfg])).configs[0]
+    result = simulate(cfg.gpu, build_program(cfg, None, True), fold=True, flush_launches=True)
+    out: dict = {}
+    for k in result.kernels:
+        if k.pass_name != run["ncu_pass"] or not k.launched:
+            continue
+        r, w = out.get(k.name, (0, 0))
+        out[k.name] = (r + k.total("hbm_read"), w + k.total("hbm_write"))
+    return out
+
+
+def compare(run: dict, rows: list, predicted: dict) -> list:
+    """[(group, predicted read, measured read, predicted write, measured write)] for each group
+    with measured rows."""
+    out = []
+    for g in GROUPS[(run["algorithm"], run["variant"])]:
+        mine = [r for r in rows if re.search(g.measured, r["name"])]
+        if not mine:
+            continue
+        names = [n for n in g.predicted if n in predicted]
+        if not names:
+            continue
+        if len(mine) < len(names):         # a filtered file: the predicted kernels the rows stand for
+            names = names[:len(mine)]
+        out.append((g.label, sum(predicted[n][0] for n in names), sum(r["dram__bytes_read.sum"] for r in mine),
+                    sum(predicted[n][1] for n in names), sum(r["dram__bytes_write.sum"] for r in mine)))
+    return out
+
+
+def load_ncu(ref: str) -> tuple:
+    path = resolve_measured(ref)
+    try:
+        data = json.loads(Path(path).read_text())
+        runs = data["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HbmsimError(f"{path}: not an ncu kernels file ({e})") from None
+    gpu = next((v for k, v in GPU_OF.items() if Path(path).name.startswith(k)), None)
+    if gpu is None:
+        raise HbmsimError(f"{path}: the file name does not name a GPU ({', '.join(GPU_OF)})")
+    for i, r in enumerate(runs):
+        for j, k in enumerate(r.get("kernels") or []):
+            for field in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
+                v = k.get(field)
+                if not isinstance(v, (int, float)) or not v >= 0:
+                    raise HbmsimError(f"{path}: runs[{i}].kernels[{j}].{field} = {v!r} must be a number >= 0")
+    return str(path), gpu, runs
+
+
+def pct(p: float, m: float) -> str:
+    return f"{(p - m) / m:+7.1%}" if m > 0 else "      -"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", default=[DEFAULT])
+    a = ap.parse_args(argv)
+    errors: dict = {"read": [], "write": []}
+    try:
+        for ref in a.files:
+            path, gpu, runs = load_ncu(ref)
+            print(f"{path} (measured: Nsight Compute DRAM bytes; predicted: hbmsim, each kernel from an empty L2)")
+            print(f"  {'run / kernel group':58s} {'read MB pred':>12s} {'meas':>8s} {'err':>7s}"
+                  f" {'write MB pred':>13s} {'meas':>8s} {'err':>7s}")
+            for i, r in enumerate(runs):
+                run = run_of(r.get("file", ""), gpu)
+                if run is None:
+                    continue
+                groups = compare(run, r["kernels"], predicted_bytes(run, f"{path}: runs[{i}]"))
+                for label, pr, mr, pw, mw in groups:
+                    errors["read"].append(abs(pr - mr) / mr if mr else None)
+                    errors["write"].append(abs(pw - mw) / mw if mw else None)
+                    print(f"  {(r['file'] + ': ' + label)[:58]:58s} {pr / 1e6:12.1f} {mr / 1e6:8.1f} {pct(pr, mr)}"
+                          f" {pw / 1e6:13.1f} {mw / 1e6:8.1f} {pct(pw, mw)}")
+    except HbmsimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for what, es in errors.items():
+        es = [e for e in es if e is not None]
+        if es:
+            print(f"DRAM {what} bytes: {len(es)} kernel groups, median |error| {statistics.median(es):.1%}, "
+                  f"worst {max(es):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
