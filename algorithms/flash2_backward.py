@@ -40,6 +40,13 @@ NOTES = {
 }
 
 
+# Registers per thread of FA2's two small backward kernels as compiled, by head dim: (dot_do_o,
+# convert_dq). Nsight Compute launch__registers_per_thread on H100 for flash_bwd_dot_do_o_kernel
+# (40 at head dim 64, 51 at 128) and flash_bwd_convert_dq_kernel (48 at both), the kernels PyTorch
+# 2.11 vendors (scenarios/measured/h100-ncu-kernels.json): with 256 threads, 6, 4 and 5 blocks an
+# SM (Nsight's launch__occupancy_limit_registers says the same). Other head dims: not measured.
+FA2_PREPROCESS_REGISTERS = {64: (40, 48), 128: (51, 48)}
+
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     itemsize = wl.itemsize
     return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4
@@ -192,14 +199,20 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     q_period = 1 if nq % block_q == 0 else tr
     # one call of the library's backward (run_mha_bwd) launches all three kernels: the host
     # dispatches one op (an autograd node) before the first and only launches the others (host_ops 0)
+    # The two small kernels run with the backward's kNThreads (flash_bwd_launch_template.h launches
+    # both with Kernel_traits::kNThreads threads, the dQ conversion with kSmemdQSize = block_q x d
+    # elements of shared memory); their registers are known for the compiled FA2 kernels only.
+    threads = 32 * warps_bwd
+    regs_do_o, regs_dq = FA2_PREPROCESS_REGISTERS.get(d, (0, 0)) if registers_per_thread else (0, 0)
     launches = [
         Launch("flash2_bwd_dot_do_o", g_count * tr, 0, dot_do_o, allocs=(dO, D, dQacc), pass_name="backward",
-               period=q_period),
+               period=q_period, threads_per_block=threads, registers_per_thread=regs_do_o),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
                pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk),
                threads_per_block=32 * warps_bwd, registers_per_thread=registers_per_thread, host_ops=0),
-        Launch("flash2_bwd_convert_dq", g_count * tr, 0, convert_dq, allocs=(dQ,), frees=(dQacc, D),
-               pass_name="backward", period=q_period, host_ops=0),
+        Launch("flash2_bwd_convert_dq", g_count * tr, block_q * d * wl.itemsize, convert_dq, allocs=(dQ,),
+               frees=(dQacc, D), pass_name="backward", period=q_period, host_ops=0, threads_per_block=threads,
+               registers_per_thread=regs_dq),
     ]
     # kv_heads < heads: dK, dV per query head (dk_expanded), then at::sum_out over each group (mha_bwd)
     sums, grads = reduce_kv_grads(wl, dK, dV, data)
