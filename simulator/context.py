@@ -10,6 +10,7 @@ from __future__ import annotations
 import simpy
 
 from .errors import HbmsimError
+from .loop_fold import INERT
 from .results import KernelResult
 from .simpy_adapter import timers
 from .tensor import SECTOR_BYTES, L2Lines, Tensor, TensorView, tile_sectors
@@ -20,8 +21,8 @@ class LaunchState:
     """What one running launch's block slots share: the next block to hand out, how many slots
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
-    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "_tensors",
-                 "with_data", "vector_work")
+    __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "loops",
+                 "_tensors", "with_data", "vector_work")
 
     def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY, vector_work: str = FP32):
         self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
@@ -33,6 +34,7 @@ class LaunchState:
         self.drain_s = 0.0               # when the last store queued at L2 is served
         self.drained = None              # fired when `stores` reaches 0, if the kernel waits
         self.fold = None                 # a fold.LaunchFold when this launch may be folded
+        self.loops = None                # a loop_fold.LaunchLoops when its blocks' loops may be
         self._tensors: dict = {}         # id of a kernel record -> (record, what its contexts know of each tensor)
         self.with_data = False           # whether a tensor the launch touched has data (else: count-only)
 
@@ -309,6 +311,13 @@ class MachineContext:
         """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
         `yield` it to wait, `.succeed()` it to release the waiters."""
         return self._m.env.event()
+
+    def steady_loop(self, first: int, last: int):
+        """A handle on this block's loop of alike iterations `first`..`last` (loop_fold.py): `j =
+        yield from loop.next(j)` at the top of iteration j gives the iteration to run, later than j
+        once every block of a single-wave launch was steady and they skipped together (fast mode)."""
+        loops = self._launch.loops
+        return INERT if loops is None else loops.loop(self, first, last)
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:

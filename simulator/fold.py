@@ -150,15 +150,12 @@ class LaunchFold:
         if AUDIT is not None:
             self._note_audit()
         for rec in self.records:
-            _add_counts(k, rec, 1)
+            add_counts(k, rec, 1)
         if self._measured is not None:
             rec, window, hbm_busy_s, sm_busy_s = self._measured
             skipped = self.skipped_units
-            _add_counts(k, rec, skipped, dram=False)
-            for name in {name for r in window for name in r.tensors}:      # DRAM: the window's mean
-                mine = k.traffic(name)
-                mine.hbm_read += round(skipped * sum(r.traffic(name).hbm_read for r in window) / len(window))
-                mine.hbm_write += round(skipped * sum(r.traffic(name).hbm_write for r in window) / len(window))
+            add_counts(k, rec, skipped, dram=False)
+            add_dram_mean(k, window, skipped)
             k.folded_blocks = self.skipped_blocks
             k.folded_s = self.skipped_s
             k.hbm_busy_s += self.skipped_units * hbm_busy_s
@@ -178,7 +175,16 @@ class LaunchFold:
         AUDIT.append(entry)
 
 
-def _add_counts(k: KernelResult, rec: KernelResult, times: int, dram: bool = True) -> None:
+def add_dram_mean(k: KernelResult, window: list, times: int) -> None:
+    """DRAM bytes of `times` more units (or iterations) like those of `window` (records): the
+    window's mean per tensor, extrapolated (the L2's state makes them differ from unit to unit)."""
+    for name in {name for r in window for name in r.tensors}:
+        mine = k.traffic(name)
+        mine.hbm_read += round(times * sum(r.traffic(name).hbm_read for r in window) / len(window))
+        mine.hbm_write += round(times * sum(r.traffic(name).hbm_write for r in window) / len(window))
+
+
+def add_counts(k: KernelResult, rec: KernelResult, times: int, dram: bool = True) -> None:
     # every counter a block increments: FLOPs, exps, SRAM reads, and each tensor's bytes (L2-side,
     # and DRAM unless `dram` is false)
     k.matmul_flops += times * rec.matmul_flops

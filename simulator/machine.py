@@ -31,6 +31,7 @@ import simpy
 from .context import LaunchState, MachineContext
 from .errors import HbmsimError
 from .fold import LaunchFold, fold_unit_blocks
+from .loop_fold import LaunchLoops
 from .hardware import GPU
 from .l2 import L2Cache
 from .resources import FifoPipe, SharedPool
@@ -196,6 +197,8 @@ class Machine:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2, self.hbm)
         resident = [0] * self.gpu.sm_count
         stagger_s = self.gpu.block_dispatch_s if self.model.block_dispatch else 0.0    # SM i starts i x this late
+        if self.fold and state.fold is None and launch.grid <= n_workers and stagger_s == 0.0:
+            state.loops = LaunchLoops(k, self._busy)     # one wave, every block from the start: loop_fold.py
         for w in range(n_workers):
             sm = w % self.gpu.sm_count
             env.process(self._worker(launch, sm, k, state, resident, sm * stagger_s))
@@ -214,6 +217,8 @@ class Machine:
         k.compute_busy_s = max(b - a for a, b in zip(sms0, sms1))
         if state.fold is not None:
             state.fold.merge()
+        if state.loops is not None:
+            state.loops.merge()
         self.live_bytes -= sum(t.nbytes for t in launch.frees)
         self.shared_live_bytes -= sum(t.nbytes for t in launch.frees if t.shared)
 
@@ -229,7 +234,7 @@ class Machine:
         block_fn = launch.block
         resident[sm] += launch.sram_bytes
         k.sram_peak_bytes = max(k.sram_peak_bytes, resident[sm])
-        recorder, progress, fold = self.recorder, self.progress, state.fold
+        recorder, progress, fold, loops = self.recorder, self.progress, state.fold, state.loops
 
         def blocks():
             """The slot's blocks, each a generator (run by Inline as `yield from` would)."""
@@ -244,6 +249,8 @@ class Machine:
                 state.next_block = b + 1
                 start_s = self.env.now
                 yield block_fn(ctx, ctx.block)
+                if loops is not None:
+                    loops.ended(ctx.block, self.env.now)
                 if recorder is not None:
                     recorder.block(sm, k.name, ctx.block, start_s, self.env.now)
                 if progress is not None:

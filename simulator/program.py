@@ -3,7 +3,8 @@
 A Program is a list of kernel Launches run in order. A Launch has a grid of thread blocks, the
 SRAM one block needs, and a block function: a generator run once per block against a
 BlockContext, whose calls (`load`, `load_tiles`, `prefetch`/`wait`, `store`, `store_tiles`,
-`atomic_add`, `compute`, `compute_chain`, `fork`, `event`, `note`) move tiles and use the SM.
+`atomic_add`, `compute`, `compute_chain`, `fork`, `event`, `steady_loop`, `note`) move tiles and
+use the SM.
 Every byte a result reports was counted by those calls.
 
 This module is the interface a program's author sees, and knows nothing of the engine: the
@@ -118,6 +119,12 @@ class BlockContext(Protocol):
     def event(self):
         """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
         `yield` it to wait, `.succeed()` it to release the waiters."""
+
+    def steady_loop(self, first: int, last: int):
+        """A handle on this block's loop of alike iterations `first`..`last`: `j = yield from
+        loop.next(j)` at the top of iteration j returns the iteration to run, j or (fast mode, a
+        launch of one wave, every block steady) a later one, the skipped ones waited out and
+        counted (simulator/loop_fold.py)."""
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
