@@ -47,6 +47,7 @@ NOTES = {
 # SM (Nsight's launch__occupancy_limit_registers says the same). Other head dims: not measured.
 FA2_PREPROCESS_REGISTERS = {64: (40, 48), 128: (51, 48)}
 
+
 def flash2_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     itemsize = wl.itemsize
     return (2 * block_q + 2 * block_kv) * wl.head_dim * itemsize + block_q * block_kv * itemsize + 2 * block_q * 4

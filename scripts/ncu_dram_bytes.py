@@ -1,7 +1,7 @@
 """Predicted DRAM bytes against Nsight Compute's, kernel group by kernel group: a check of the
 L2 model's counts (what reaches DRAM), not of time.
 
-    python scripts/ncu_dram_bytes.py [NCU_FILE ...]      (default: the shipped h100-ncu-kernels)
+    python scripts/ncu_dram_bytes.py [NCU_FILE ...] [--plot PNG]   (default: the shipped h100-ncu-kernels)
 
 Each run of an ncu file (scenarios/measured/*-ncu-kernels.json, `scripts/gpu_session.py`'s ncu
 step) names its configuration in its file name: `ncu-IMPL-D-PASS.csv` (N = 4096, no mask),
@@ -14,7 +14,8 @@ L2 written back and emptied before every kernel, outside it. The simulation does
 Printed per kernel group (scenarios/kernel_rows.py) that has measured rows: the predicted and
 the measured DRAM read and write bytes, and the error (predicted - measured) / measured. A group
 whose rows the file filtered (the n-* files kept only some kernel names) compares the predicted
-kernels its rows stand for. A bad file is one line, exit 2.
+kernels its rows stand for. `--plot PNG`: predicted against measured bytes per kernel group, reads
+and writes, log axes, y = x. A bad file or plot path is one line, exit 2.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from hbmsim.scenarios.experiment import Experiment
 from hbmsim.scenarios.kernel_rows import GROUPS
+from hbmsim.scenarios.outputs import check_plot_path, pyplot, save_figure
 from hbmsim.scenarios.published import resolve_measured
 from hbmsim.scenarios.runner import build_program, prepare
 from hbmsim.scenarios.validate import config_of
@@ -112,14 +114,41 @@ def pct(p: float, m: float) -> str:
     return f"{(p - m) / m:+7.1%}" if m > 0 else "      -"
 
 
+def plot(points: dict, path, sources: list) -> Path:
+    """Predicted (x) against measured (y) DRAM bytes per kernel group, reads and writes, log-log."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    values = []
+    for what, color, marker in (("read", "tab:blue", "o"), ("write", "tab:red", "s")):
+        pts = [(p, m) for p, m in points[what] if p > 0 and m > 0]
+        if pts:
+            ax.scatter(*zip(*pts), color=color, marker=marker, alpha=0.8,
+                       label=f"DRAM {what} bytes ({len(pts)} kernel groups)")
+            values += [v for pt in pts for v in pt]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="predicted by hbmsim, each kernel from an empty L2 (bytes)",
+           ylabel="measured: Nsight Compute dram__bytes (bytes)",
+           title="DRAM bytes per kernel group: " + ", ".join(Path(s).name for s in sources))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return save_figure(fig, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", default=[DEFAULT])
+    ap.add_argument("--plot", metavar="PNG", help="predicted against measured DRAM bytes, log axes, y = x")
     a = ap.parse_args(argv)
     errors: dict = {"read": [], "write": []}
+    points: dict = {"read": [], "write": []}
+    sources = []
     try:
+        plot_to = check_plot_path(a.plot) if a.plot else None      # before any work
         for ref in a.files:
             path, gpu, runs = load_ncu(ref)
+            sources.append(path)
             print(f"{path} (measured: Nsight Compute DRAM bytes; predicted: hbmsim, each kernel from an empty L2)")
             print(f"  {'run / kernel group':58s} {'read MB pred':>12s} {'meas':>8s} {'err':>7s}"
                   f" {'write MB pred':>13s} {'meas':>8s} {'err':>7s}")
@@ -131,6 +160,8 @@ def main(argv=None) -> int:
                 for label, pr, mr, pw, mw in groups:
                     errors["read"].append(abs(pr - mr) / mr if mr else None)
                     errors["write"].append(abs(pw - mw) / mw if mw else None)
+                    points["read"].append((pr, mr))
+                    points["write"].append((pw, mw))
                     print(f"  {(r['file'] + ': ' + label)[:58]:58s} {pr / 1e6:12.1f} {mr / 1e6:8.1f} {pct(pr, mr)}"
                           f" {pw / 1e6:13.1f} {mw / 1e6:8.1f} {pct(pw, mw)}")
     except HbmsimError as e:
@@ -141,6 +172,8 @@ def main(argv=None) -> int:
         if es:
             print(f"DRAM {what} bytes: {len(es)} kernel groups, median |error| {statistics.median(es):.1%}, "
                   f"worst {max(es):.1%}")
+    if plot_to is not None and points["read"]:
+        print(f"wrote {plot(points, plot_to, sources)}")
     return 0
 
 

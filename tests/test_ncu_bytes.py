@@ -60,3 +60,19 @@ def test_a_bad_file_is_one_line(tmp_path, capsys):
     other.write_text("{}")
     assert ncu.main([str(other)]) == 2
     assert "not an ncu kernels file" in capsys.readouterr().err
+
+
+def test_one_run_printed_and_plotted(tmp_path, capsys):
+    """A file of one FA2 forward row (Nsight's measured 201.6 MB read, 70.3 MB written): the row's
+    line, the summary, and the plot; a plot path that is a folder is one line, exit 2."""
+    f = tmp_path / "h100-ncu-one.json"
+    f.write_text(json.dumps({"runs": [{"file": "ncu-fa2-64-forward.csv", "kernels": [
+        {"name": "void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>",
+         "dram__bytes_read.sum": 201588992.0, "dram__bytes_write.sum": 70313472.0}]}]}))
+    png = tmp_path / "bytes.png"
+    assert ncu.main([str(f), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "ncu-fa2-64-forward.csv: forward" in out and "201.3    201.6   -0.1%" in out
+    assert "DRAM read bytes: 1 kernel groups" in out and png.stat().st_size > 10_000
+    assert ncu.main([str(f), "--plot", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
