@@ -45,6 +45,7 @@ NOTES = {
 # (40 at head dim 64, 51 at 128) and flash_bwd_convert_dq_kernel (48 at both), the kernels PyTorch
 # 2.11 vendors (scenarios/measured/h100-ncu-kernels.json): with 256 threads, 6, 4 and 5 blocks an
 # SM (Nsight's launch__occupancy_limit_registers says the same). Other head dims: not measured.
+# Used on every GPU, as the main kernels' 255 are (the sm80 build was not measured).
 FA2_PREPROCESS_REGISTERS = {64: (40, 48), 128: (51, 48)}
 
 
