@@ -201,7 +201,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
         while j + 1 < len(kblocks):
             j += 1
             if loop is not None:
-                j = yield from loop.next(j)
+                j = loop.next(j)
             c0, c1, begin, next_begin = kblocks[j]
             first = begin + (z - begin) % S           # first step >= begin with step = z (mod S)
             if first >= n_steps:

@@ -211,7 +211,7 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                period=q_period, threads_per_block=threads, registers_per_thread=regs_do_o),
         Launch("flash2_bwd", g_count * tc, flash2_bwd_sram_bytes(wl, block_q, block_kv), bwd, allocs=(dK, dV),
                pass_name="backward", tensor_op=MMA_SYNC, period=row_blocks_period(wl, block_kv, nk),
-               threads_per_block=32 * warps_bwd, registers_per_thread=registers_per_thread, host_ops=0),
+               threads_per_block=threads, registers_per_thread=registers_per_thread, host_ops=0),
         Launch("flash2_bwd_convert_dq", g_count * tr, block_q * d * wl.itemsize, convert_dq, allocs=(dQ,),
                frees=(dQacc, D), pass_name="backward", period=q_period, host_ops=0, threads_per_block=threads,
                registers_per_thread=regs_dq),

@@ -102,7 +102,11 @@ def load_ncu(ref: str) -> tuple:
     if gpu is None:
         raise HbmsimError(f"{path}: the file name does not name a GPU ({', '.join(GPU_OF)})")
     for i, r in enumerate(runs):
-        for j, k in enumerate(r.get("kernels") or []):
+        if not isinstance(r, dict) or not isinstance(r.get("file"), str) or not isinstance(r.get("kernels"), list):
+            raise HbmsimError(f"{path}: runs[{i}] needs a 'file' name and a list of 'kernels'")
+        for j, k in enumerate(r["kernels"]):
+            if not isinstance(k, dict) or not isinstance(k.get("name"), str):
+                raise HbmsimError(f"{path}: runs[{i}].kernels[{j}] needs a 'name'")
             for field in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
                 v = k.get(field)
                 if not isinstance(v, (int, float)) or not v >= 0:
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
             print(f"  {'run / kernel group':58s} {'read MB pred':>12s} {'meas':>8s} {'err':>7s}"
                   f" {'write MB pred':>13s} {'meas':>8s} {'err':>7s}")
             for i, r in enumerate(runs):
-                run = run_of(r.get("file", ""), gpu)
+                run = run_of(r["file"], gpu)
                 if run is None:
                     continue
                 groups = compare(run, r["kernels"], predicted_bytes(run, f"{path}: runs[{i}]"))

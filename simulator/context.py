@@ -314,7 +314,7 @@ class MachineContext:
 
     def steady_loop(self, first: int, last: int):
         """A handle on this block's loop of alike iterations `first`..`last` (loop_fold.py): `j =
-        yield from loop.next(j)` at the top of iteration j gives the iteration to run, later than j
+        loop.next(j)` at the top of iteration j gives the iteration to run, later than j
         once every block of a single-wave launch was steady and they skipped together (fast mode)."""
         loops = self._launch.loops
         return INERT if loops is None else loops.loop(self, first, last)

@@ -4,7 +4,7 @@ its loop at no simulated time, counting what the skipped iterations would have c
 adding what they would have taken to the kernel's time (fast mode; the FA1 kernel's forward,
 whose few long blocks neither fold nor coarsen: flash1_kernel.py).
 
-A block marks each iteration of its loop (`ctx.steady_loop(first, last)`, then `j = yield from
+A block marks each iteration of its loop (`ctx.steady_loop(first, last)`, then `j =
 loop.next(j)` at the top of iteration j). From iteration `first` on, each iteration counts into a
 record of its own, so that one iteration's counts can be multiplied. A block is steady once its
 last HALF_WINDOW iterations took the same mean time as the HALF_WINDOW before them (within
@@ -52,9 +52,8 @@ def steady_window(starts: list) -> int:
 class _Inert:
     """The handle of a loop that cannot fold (not fast mode, or a launch of several waves)."""
 
-    def next(self, j: int):
+    def next(self, j: int) -> int:
         return j
-        yield  # pragma: no cover  (a generator that returns at once)
 
 
 INERT = _Inert()
@@ -130,7 +129,7 @@ class BlockLoop:
         self.window = 0                # the steady window found
         self.done = False              # skipped, or nothing left to skip: counting as usual
 
-    def next(self, j: int):
+    def next(self, j: int) -> int:
         """Called at the top of iteration j; returns the iteration to run: j, or a later one once
         the launch's cut is fixed (_skip)."""
         if self.done or j < self.first:
@@ -149,8 +148,7 @@ class BlockLoop:
                 launch.periods[self.block] = (self.starts[-1] - self.starts[-1 - window]) / window
                 launch.mark_steady(self.block, j, self.last)
         if launch.skip and self.records:
-            j = yield from self._skip(j, first_block)
-            return j
+            return self._skip(j, first_block)
         if j >= self.last or len(launch.steady) == launch.blocks:
             self._stop()               # past the skippable part, or every block steady with no room
             return j
@@ -161,7 +159,7 @@ class BlockLoop:
         ctx.kernel = rec
         return j
 
-    def _skip(self, j: int, first_block: bool):
+    def _skip(self, j: int, first_block: bool) -> int:
         """Skip from j, at no simulated time: the launch's cut of `launch.cut_s` seconds (S times
         the median block's period) is this block's round(cut / its own period) iterations, so that
         faster blocks drift ahead as they would have. Their time (iterations x this block's period)
@@ -179,7 +177,6 @@ class BlockLoop:
             launch._busy_skipped = (s * (h1 - h0) / window, s * max(b - a for a, b in zip(sms0, sms1)) / window)
         self._stop()
         return j + s
-        yield  # pragma: no cover  (a generator: the skip takes no simulated time)
 
     def _close_record(self) -> None:
         """The iteration that just ended counted into its record: add it to the launch's counts."""

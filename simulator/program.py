@@ -121,7 +121,7 @@ class BlockContext(Protocol):
         `yield` it to wait, `.succeed()` it to release the waiters."""
 
     def steady_loop(self, first: int, last: int):
-        """A handle on this block's loop of alike iterations `first`..`last`: `j = yield from
+        """A handle on this block's loop of alike iterations `first`..`last`: `j =
         loop.next(j)` at the top of iteration j returns the iteration to run, j or (fast mode, a
         launch of one wave, every block steady) a later one, the skipped ones waited out and
         counted (simulator/loop_fold.py)."""

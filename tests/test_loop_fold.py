@@ -23,7 +23,7 @@ def looping_program(grid: int) -> Program:
         loop = ctx.steady_loop(1, ITERATIONS - 1)
         j = -1
         while j + 1 < ITERATIONS:
-            j = yield from loop.next(j + 1)
+            j = loop.next(j + 1)
             rows = slice(j * ROWS, (j + 1) * ROWS)
             if j > 0:
                 yield from ctx.load(src[b], rows, cols)

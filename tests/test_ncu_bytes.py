@@ -56,6 +56,12 @@ def test_a_bad_file_is_one_line(tmp_path, capsys):
     assert ncu.main([str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("runs[0].kernels[0].dram__bytes_read.sum = nan must be a number >= 0")
+    bad.write_text(json.dumps({"runs": [{"file": "ncu-fa2-64-forward.csv"}]}))
+    assert ncu.main([str(bad)]) == 2
+    assert capsys.readouterr().err.strip().endswith("runs[0] needs a 'file' name and a list of 'kernels'")
+    bad.write_text(json.dumps({"runs": [{"file": "ncu-fa2-64-forward.csv", "kernels": [{"dram__bytes_read.sum": 1}]}]}))
+    assert ncu.main([str(bad)]) == 2
+    assert capsys.readouterr().err.strip().endswith("runs[0].kernels[0] needs a 'name'")
     other = tmp_path / "a100-ncu.json"
     other.write_text("{}")
     assert ncu.main([str(other)]) == 2
