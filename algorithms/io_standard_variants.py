@@ -12,6 +12,7 @@ once per (batch, head): G*N1 bytes.
 from __future__ import annotations
 
 from hbmsim.simulator import DTYPE_BYTES
+from hbmsim.simulator.tensor import SECTOR_BYTES
 
 from .common import MASK_DTYPE
 from .io_formulas import _add, elementwise_panels, gemm_io
@@ -40,13 +41,20 @@ def _copy(io, src, dst, nbytes_src, nbytes_dst):
     _add(io, dst, write=nbytes_dst)
 
 
+def _gathered(elements: int, e: int) -> int:
+    """L2-side bytes of a transposing copy's source: each element its own 32-byte sector request
+    (tensor.GATHER: the copy walks its output contiguously, so a warp's 32 elements are 32 source
+    rows, each at least a sector apart). DRAM still moves the elements' own bytes once."""
+    return elements * SECTOR_BYTES * -(-e // SECTOR_BYTES)
+
+
 # ---- pytorch_bench (spec 3.1) ---------------------------------------------------------------------
 
 def pytorch_bench_forward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) -> dict:
     g, nq, nk, d, e, nn, n1, qd, kd = _dims(wl)
     io: dict = {}
     _copy(io, "Q", "Q_r", qd * e, qd * e)                      # rearrange q: (b h) cannot merge -> copy
-    _copy(io, "K", "K_T", kd * e, kd * e)                      # rearrange k to (bh, d, N): K^T copy
+    _copy(io, "K", "K_T", _gathered(kd, e), kd * e)            # rearrange k to (bh, d, N): K^T copy
     _gemm(io, g, nq, nk, d, e, gemm_tile, "Q_r", "K_T", "S")   # baddbmm, beta=0: buffer never read
     cur = "S"
     if wl.causal:
@@ -98,8 +106,9 @@ def pytorch_bench_backward_io(wl: Workload, gemm_tile: tuple = (128, 128, 128)) 
     _add(io, "dQ_r", read=qd * e, write=qd * e)                 # ... then x alpha, elementwise
     _gemm(io, g, d, nk, nq, e, gemm_tile, "Q_r", "dS", "dK_T")   # Q_r^T dS: (d x Nk)
     _add(io, "dK_T", read=kd * e, write=kd * e)                 # ... then x alpha
-    for src, dst, n in (("dQ_r", "dQ", qd), ("dK_T", "dK", kd), ("dV_r", "dV", kd)):
-        _copy(io, src, dst, n * e, n * e)                       # unbind bwd: stack into qkv.grad
+    for src, dst, n in (("dQ_r", "dQ", qd), ("dV_r", "dV", kd)):
+        _copy(io, src, dst, n * e, n * e)                       # unbind bwd: stack into qkv.grad,
+    _copy(io, "dK_T", "dK", _gathered(kd, e), kd * e)           # dK_T's part transposed back
     return io
 
 

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch, Tensor
+from hbmsim.simulator.tensor import GATHER
 from hbmsim.simulator.time_model import FP32, INSTRUCTIONS
 
 from .common import MASK_DTYPE, output, scaled_keep_mask
@@ -76,7 +77,10 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
     A wide tensor (fewer rows than columns: K^T's (d, N)) is read in square tiles of that many rows
     and columns instead: its full rows would make a few huge tiles, so a few blocks would do the
     whole copy, where the kernel (elementwise, a thread per few elements) spreads it over every SM.
-    The tiles are only the simulation's unit of work: the bytes are the tensor's either way."""
+    The tiles are only the simulation's unit of work: the bytes are the tensor's either way.
+    A transposing copy reads its source under tensor.GATHER: the kernel walks its output
+    contiguously, so a warp's 32 output elements are 32 source rows, each its own 32-byte sector
+    request at the L2 (the L2 side moves 16x an fp16 tensor's bytes; DRAM once)."""
     jobs = []
     for src, dst, transpose, factor in pairs:
         g_count, r, c = src.shape
@@ -90,7 +94,7 @@ def copy_launch(name: str, pairs: list, tile_rows: int, pass_name: str = "forwar
 
     def block(ctx, index):
         src, dst, transpose, factor, g, rows, cols = jobs[index]
-        x = yield from ctx.load(src[g], rows, cols)
+        x = yield from ctx.load(src[g], rows, cols, GATHER if transpose else None)
         yield from ctx.compute(vector_flops=round(lane_ops * (rows.stop - rows.start) * (cols.stop - cols.start)))
         if x is not None and factor is not None:
             x = factor * x

@@ -60,3 +60,38 @@ extern "C" __global__ void ex2_loop(float* out, long long* cycles, int iters) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
     if (threadIdx.x == 0) { cycles[blockIdx.x] = t1 - t0; }
 }
+
+// - l2_read_loop: the L2's rate for whole lines against single-sector requests. A warp reads
+//   from an L2-resident buffer (a few MB, warmed by the untimed runs) through ld.global.cg
+//   (__ldcg: cached at the L2, not in L1), CHAINS independent loads in flight a trip. With
+//   spread = 0 its 32 loads are 32 consecutive 4-byte words: one 128-byte line, 4 sectors (the
+//   coalesced case the preset's l2_bytes_per_s was measured with). With spread = 1 each lane
+//   reads a word of a line of its own: 32 single-sector requests in 32 lines, what a transposing
+//   copy's reads are (simulator/tensor.py: GATHER). Requested sectors / second against the
+//   coalesced case's says whether a lone sector costs the L2 32 bytes of its bandwidth or more.
+extern "C" __global__ void l2_read_loop(const unsigned* buf, float* out, long long* cycles, int lines, int iters,
+                                        int spread) {
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    unsigned acc[CHAINS];
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { acc[j] = 0u; }
+    long long t0 = clock64();
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < CHAINS; ++j) {
+            // the (i, j)-th chunk of 32 lines this warp visits, spread over the whole buffer
+            const unsigned chunk = (unsigned)((warp + (i * CHAINS + j) * warps) % (lines >> 5));
+            const unsigned idx = spread ? ((chunk * 32u + lane) * 32u + ((i * CHAINS + j) & 31))   // lane's own line
+                                        : (chunk * 32u * 32u + ((i * CHAINS + j) & 31) * 32u + lane);   // one line
+            acc[j] += __ldcg(buf + idx);
+        }
+    }
+    long long t1 = clock64();
+    unsigned s = 0u;
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) { s += acc[j]; }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = (float)s;
+    if (threadIdx.x == 0) { cycles[blockIdx.x] = t1 - t0; }
+}

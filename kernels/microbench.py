@@ -7,7 +7,12 @@ warm-up, with CUDA events:
   per SM per clock), and the SM clock it ran at (clock64 cycles / event seconds);
 - the special-function unit's exp2 rate (results per SM per clock), and its clock;
 - DRAM bandwidth: a device-to-device copy (bytes read + written) and a STREAM triad
-  a = b + s * c (two reads, one write), on arrays far larger than the L2.
+  a = b + s * c (two reads, one write), on arrays far larger than the L2;
+- the L2's read rate for whole 128-byte lines (a warp's 32 consecutive words) against
+  single-sector requests (each lane a word of its own line: a transposing copy's reads,
+  simulator/tensor.py's GATHER), from an L2-resident buffer: `l2_sector_cost` says how many
+  bytes of the L2's line bandwidth a lone 32-byte sector costs (32: sector-exact, as the
+  simulator counts it; 64: a slot of two sectors).
 
 With the host's launch and dispatch times (kernels/host_microbench.py; `--host`: those only),
 and the HostSpec fields they give (the file's "host_spec", read by simulator/host.py).
@@ -87,6 +92,25 @@ def _clock_hz(r: dict) -> float:
     return nvml["median"] * 1e6 if nvml else r["sm_clock_hz"]
 
 
+L2_BUFFER_BYTES = 8 << 20     # L2-resident on every preset's GPU (A100 40 MB, H100 50 MB, H200 50 MB)
+L2_LINE_BYTES = 128
+SECTOR_BYTES = 32
+L2_ITERS = 2048               # trips of CHAINS loads per thread (about 1-2 ms coalesced on an H100)
+
+
+def l2_rates(warps: int, iters: int, line_s: float, sector_s: float) -> dict:
+    """What l2_read_loop's two runs give. A coalesced warp load is one 128-byte line (4 sectors);
+    a spread one, 32 single-sector requests. `l2_sector_cost`: the line bandwidth's bytes each
+    lone sector request takes, line bytes/s x (sector run's seconds / its requested sectors)."""
+    loads = warps * iters * CHAINS                          # warp load instructions of each run
+    line_bytes_per_s = loads * L2_LINE_BYTES / line_s
+    sector_requests_per_s = loads * 32 / sector_s
+    return {"warp_loads": loads, "line_bytes_per_s": line_bytes_per_s,
+            "sector_requests_per_s": sector_requests_per_s,
+            "sector_bytes_per_s": sector_requests_per_s * SECTOR_BYTES,
+            "l2_sector_cost": line_bytes_per_s / sector_requests_per_s}
+
+
 def measure(warmup: int = 3, repeats: int = 10) -> dict:
     cp, mod = _module()
     dev = cp.cuda.Device()
@@ -109,6 +133,24 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
         r.update(results=n, results_per_s=n / r["time_s"],
                  results_per_clk_per_sm=n / (r["time_s"] * _clock_hz(r) * sms))
         res[f"ex2_approx_f32_{bps * THREADS // 32}warps"] = r
+
+    # L2: one wave of 4 blocks of 256 threads an SM reading an 8 MiB buffer, lines then lone sectors
+    lines = L2_BUFFER_BYTES // L2_LINE_BYTES
+    buf = cp.arange(L2_BUFFER_BYTES // 4, dtype=cp.uint32)
+    blocks = 4 * sms
+    out = cp.empty(blocks * THREADS, dtype=cp.float32)
+    cycles = cp.zeros(blocks, dtype=cp.int64)
+    fn = mod.get_function("l2_read_loop")
+    runs = {}
+    for spread in (0, 1):
+        times = _timed(cp, lambda: fn((blocks,), (THREADS,), (buf, out, cycles, np.int32(lines), np.int32(L2_ITERS),
+                                                              np.int32(spread))), warmup, repeats)
+        runs[spread] = (statistics.median(times), times)
+    r = l2_rates(blocks * THREADS // 32, L2_ITERS, runs[0][0], runs[1][0])
+    r.update(buffer_bytes=L2_BUFFER_BYTES, blocks=blocks, threads_per_block=THREADS, iters=L2_ITERS,
+             time_s=runs[0][0] + runs[1][0],           # the two runs' medians together
+             line_time_s=runs[0][0], line_times_s=runs[0][1], sector_time_s=runs[1][0], sector_times_s=runs[1][1])
+    res["l2_read_lines_vs_sectors"] = r
 
     # DRAM: 2 GiB arrays (40x H100's L2), copy = read + write, triad = 2 reads + 1 write
     n = 2 ** 31 // 4

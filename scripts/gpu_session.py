@@ -52,8 +52,10 @@ def _ncu_forward(impl: str, head_dim: int, seq_len: int = 4096) -> tuple:
 STEPS = (
     Step("gpu-tests", 150, ((PY, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"),),
          "every test marked gpu passes on this machine (CuPy kernels against their emulation, microbenchmarks)"),
-    Step("host", 90, ((PY, "-m", "hbmsim.scenarios.cli", "microbench", "--host", "--out", "{out}/{gpu}-host.json"),),
-         "issue 23: the host's launch and dispatch fields (then `hbmsim validate --host-spec FILE`)",
+    Step("host", 120, ((PY, "-m", "hbmsim.scenarios.cli", "microbench", "--out", "{out}/{gpu}-host.json"),),
+         "issue 23: the host's launch and dispatch fields (then `hbmsim validate --host-spec FILE`), and the "
+         "rates: whether a lone sector costs the L2 32 bytes of its bandwidth (l2_read_lines_vs_sectors: "
+         "PyTorch's transposing copy, 250 us measured against 121 predicted)",
          (("{gpu}-host.json", "scenarios/measured/{gpu}-host.json"),)),
     Step("ncu-stalls", 240, (
         _ncu_forward("fa2", 128), _ncu_forward("pytorch", 64),

@@ -13,7 +13,7 @@ from .errors import HbmsimError
 from .loop_fold import INERT
 from .results import KernelResult
 from .simpy_adapter import timers
-from .tensor import SECTOR_BYTES, L2Lines, Tensor, TensorView, tile_sectors
+from .tensor import GATHER, SECTOR_BYTES, L2Lines, Tensor, TensorView, tile_sectors
 from .time_model import ASYNC_TENSOR_OPS, FP32, LIBRARY
 
 
@@ -172,7 +172,8 @@ class MachineContext:
         the L2 or there is no L2), apply the L2's policy (l2.py) and credit what it writes back.
         A tile's bytes are its elements' bytes; a tile that names an access pattern (its optional
         last element, after the value for a store: tensor.py's COALESCED, Strided, PER_THREAD_ROW)
-        counts the 32-byte sectors that pattern touches instead (tensor.tile_sectors); one that
+        counts the 32-byte sectors that pattern touches instead (tensor.tile_sectors; GATHER: the
+        sectors requested at the L2, while a miss fetches the tile's own bytes from DRAM); one that
         names tensor.L2Lines counts its bytes, and the L2 sees it line by line."""
         kernel = self.kernel
         if kernel is not self._tensors_of:        # the worker switched records (fold.py)
@@ -196,15 +197,15 @@ class MachineContext:
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
                 lines = None
+                fetched = nbytes = (r1 - r0) * (c1 - c0) * itemsize     # the bytes requested
                 if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
                     if tile[plain].__class__ is L2Lines:          # (or the bytes, in the L2's lines)
                         lines = tile[plain].rows
-                        nbytes = (r1 - r0) * (c1 - c0) * itemsize
-                    else:
+                    else:                              # (GATHER: requested at the L2; DRAM fetches the bytes)
                         nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1,
                                                              tile[plain])
-                else:                                  # the bytes requested
-                    nbytes = (r1 - r0) * (c1 - c0) * itemsize
+                        if tile[plain] is not GATHER:
+                            fetched = nbytes
                 if w:
                     traffic.write += nbytes
                 else:
@@ -213,7 +214,7 @@ class MachineContext:
                     miss = nbytes
                 else:                                  # a load that misses: from DRAM; the rest: the L2
                     if lines is None:
-                        miss = nbytes if l2_access((uid, view.group, r0, r1, c0, c1), nbytes, w, owner) else 0
+                        miss = fetched if l2_access((uid, view.group, r0, r1, c0, c1), fetched, w, owner) else 0
                     else:                              # line by line, each of `lines` rows
                         miss = l2.access_lines(uid, view.group, r0, r1, c0, c1, lines, (c1 - c0) * itemsize, w,
                                                owner)

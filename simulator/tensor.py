@@ -114,6 +114,23 @@ class PerThreadRow:
 PER_THREAD_ROW = PerThreadRow()
 
 
+class Gather:
+    """A tile the kernel reads down its columns, one element a thread, from a strided view whose
+    rows lie at least a sector apart: PyTorch's copy of a transposed tensor walks its output
+    contiguously, so a warp's 32 consecutive output elements are 32 rows of the source (K's rows
+    in qkv are 3 x heads x head_dim elements apart; K^T-shaped gradients' N). Each element is then
+    its own 32-byte sector request at the L2 (what Nsight's lts__t_sectors counts), while the L2
+    fetches each of the tile's sectors from DRAM once: the sector's other elements are asked for by
+    later instructions, which hit. So the L2 side moves 32 bytes an element, DRAM the tile's own."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "GATHER"
+
+
+GATHER = Gather()
+
+
 class L2Lines:
     """A tile requested at once that the L2 (l2.py, tile granular) keeps as lines of `rows` rows
     each, from the tile's first row: the tiles a kernel loads one by one, taken together in a
@@ -138,7 +155,8 @@ def _span_sectors(start: int, end: int) -> int:
 def tile_sectors(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: int, c1: int, access=None) -> int:
     """32-byte sectors that tile [group, r0:r1, c0:c1] of a tensor of `shape` touches under
     `access` (COALESCED or None: per row, the sectors its bytes span, one contiguous span for
-    whole rows; Strided; PER_THREAD_ROW). The simulator's counters (for tiles that name an access
+    whole rows; Strided; PER_THREAD_ROW; GATHER: one request an element, the sectors requested
+    at the L2, not the ones DRAM moves). The simulator's counters (for tiles that name an access
     pattern) and the closed forms both call this."""
     _, n_rows, n_cols = shape
     e = itemsize
@@ -153,6 +171,8 @@ def tile_sectors(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: 
         return sum(_span_sectors(row0 + i * row_bytes + c0 * e, row0 + i * row_bytes + c1 * e)
                    for i in range(r1 - r0))
     width = c1 - c0
+    if access is GATHER:                                 # one sector request an element
+        return (r1 - r0) * width * -(-e // SECTOR_BYTES)
 
     def addr(k):                                         # byte offset of the tile's k-th element
         return row0 + (k // width) * row_bytes + (c0 + k % width) * e
@@ -179,7 +199,8 @@ def tile_sectors(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: 
             for c in range(c0, c1):
                 total += len({((group * n_rows + r) * n_cols + c) * e // SECTOR_BYTES for r in rows})
         return total
-    raise HbmsimError(f"access pattern {access!r} unknown (known: COALESCED, Strided(threads), PER_THREAD_ROW)")
+    raise HbmsimError(f"access pattern {access!r} unknown (known: COALESCED, Strided(threads), PER_THREAD_ROW, "
+                      "GATHER)")
 
 
 def tile_sector_bytes(shape: tuple, itemsize: int, group: int, r0: int, r1: int, c0: int, c1: int,

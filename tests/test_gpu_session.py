@@ -53,10 +53,10 @@ def test_the_budget_decides_what_runs():
     assert names[:2] == ["gpu-tests", "host"]              # the cheapest checks of the most first
     run, left = S.plan(None, sum(s.limit_s for s in S.STEPS))
     assert [s.name for s in run] == names and left == []
-    # 540 s: the steps in order while they fit (150 + 90 + 240 = 480; then 300 > 60 left, 240 > 60 left...)
+    # 540 s: the steps in order while they fit (150 + 120 + 240 = 510; then 300 > 30 left, 240 > 30 left...)
     run, left = S.plan(None, 540)
     assert [s.name for s in run] == ["gpu-tests", "host", "ncu-stalls"]
-    assert [(s.name, why) for s, why in left][0] == ("hopper-library", "needs up to 300 s, 60 s left")
+    assert [(s.name, why) for s, why in left][0] == ("hopper-library", "needs up to 300 s, 30 s left")
     run, left = S.plan(["decode", "host"], 200)
     assert [s.name for s in run] == ["host"] and [s.name for s, _ in left] == ["decode"]
 
@@ -64,7 +64,7 @@ def test_the_budget_decides_what_runs():
 def test_dry_run_prints_the_plan(capsys):
     assert S.main(["--out", "OUT", "--dry-run", "--budget-s", "400"]) == 0
     text = capsys.readouterr().out
-    assert "host (up to 90 s): issue 23" in text and "microbench --host --out OUT/GPU-host.json" in text
+    assert "host (up to 120 s): issue 23" in text and "microbench --out OUT/GPU-host.json" in text
     assert "ship GPU-host.json -> scenarios/measured/GPU-host.json" in text
     assert "grid-tc: left out (needs up to 300 s" in text
 

@@ -448,3 +448,34 @@ def test_the_clock_sampler_records_power_and_the_clock_reasons(monkeypatch):
     assert w["clock_reasons"] == ["sw_power_cap", "hw_slowdown"]
     assert throttle_names(0x1 | 0x400) == ["gpu_idle", "0x400"]
     s.stop()
+
+
+def test_the_rate_kernels_compile_for_sm80_and_sm90(tmp_path):
+    # microbench.cu (mma.sync, ex2, the L2's lines against lone sectors) compiles where nvcc is;
+    # the lone-sector loads are ld.global.cg (at the L2, not L1)
+    import subprocess
+    from hbmsim.kernels.compile_check import find_nvcc
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    for arch in ("sm_80", "sm_90"):
+        ptx = tmp_path / f"rates_{arch}.ptx"
+        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(microbench.MICROBENCH_SOURCE),
+                               "-o", str(ptx)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        text = ptx.read_text()
+        for name in ("mma_sync_loop", "ex2_loop", "l2_read_loop"):
+            assert f".entry {name}(" in text, (arch, name)
+        assert text.count("ld.global.cg") == microbench.CHAINS
+
+
+def test_l2_rates_by_hand():
+    # 10 warps x 2 trips x 8 loads = 160 warp loads. Lines: 160 x 128 B in 1 us = 20.48 GB/s.
+    # Lone sectors: 160 x 32 = 5120 requests; in 8 us each costs 32 B of the line rate
+    # (sector-exact, the simulator's count), in 16 us 64 B (a two-sector slot).
+    r = microbench.l2_rates(10, 2, 1e-6, 8e-6)
+    assert r["warp_loads"] == 160 and r["line_bytes_per_s"] == pytest.approx(2.048e10)
+    assert r["sector_requests_per_s"] == pytest.approx(6.4e8)
+    assert r["sector_bytes_per_s"] == pytest.approx(2.048e10)
+    assert r["l2_sector_cost"] == pytest.approx(32)
+    assert microbench.l2_rates(10, 2, 1e-6, 16e-6)["l2_sector_cost"] == pytest.approx(64)

@@ -103,7 +103,8 @@ def test_outputs_and_gradients_equal_reference(variant, fields, tile, seed):
 
 
 def test_pytorch_bench_by_hand():
-    # G = 1, N = 256, d = 64, fp16, causal, tiles 128x128x64. Q_r, K_T: one 32768 B copy each.
+    # G = 1, N = 256, d = 64, fp16, causal, tiles 128x128x64. Q_r, K_T: one 32768 B copy each;
+    # K's is a transpose, read one 32-byte sector request an element at the L2: 16384 x 32 = 524288.
     # baddbmm: Q_r read per column tile (2): 65536; K_T per row tile (2): 65536; S written 131072.
     # causal mask: full fp32 written 262144; triu reads it, writes mask_triu 262144; .to(fp16)
     # reads mask_triu 262144, writes causal_mask 131072; the add reads S 131072 and the mask
@@ -111,7 +112,7 @@ def test_pytorch_bench_by_hand():
     # einsum copies V (32768 each way); bmm: P read once (d = 64 is one tile), V_r per row tile.
     wl = Workload(1, 1, 256, 256, 64, causal=True)
     io = counted(pytorch_bench_forward(wl, None, (128, 128, 64)), "forward")
-    assert io == {"Q": (32768, 0), "Q_r": (65536, 32768), "K": (32768, 0), "K_T": (65536, 32768),
+    assert io == {"Q": (32768, 0), "Q_r": (65536, 32768), "K": (524288, 0), "K_T": (65536, 32768),
                   "S": (131072, 131072), "mask_full": (262144, 262144), "mask_triu": (262144, 262144),
                   "causal_mask": (131072, 131072), "S_masked": (131072, 131072), "P": (131072, 131072),
                   "V": (32768, 0), "V_r": (65536, 32768), "O": (0, 32768)}
@@ -190,7 +191,8 @@ def test_a_wide_tensor_is_copied_in_square_tiles():
     """K^T-shaped (d, N) sources are copied in square tiles of the panel's rows (a few N-long row
     panels would leave most SMs idle while the real elementwise kernel fills them all): d = 64,
     N = 1024, panels of 64 rows -> 16 tiles of 64 x 64 for one batch-head; a (N, d) source keeps its
-    row panels. The bytes and the transposed values are the same either way."""
+    row panels. The bytes and the transposed values are the same either way; the transposed
+    source is read one 32-byte sector request an element at the L2 (65536 x 32 B), from DRAM once."""
     from hbmsim.algorithms.standard_torch_kernels import copy_launch
     from hbmsim.simulator import Program, Tensor
     src = Tensor("dK_T", (1, 64, 1024), "fp16", count_only=False)
@@ -202,5 +204,28 @@ def test_a_wide_tensor_is_copied_in_square_tiles():
     assert launch.grid == 16 + 16           # wide: 1 x 16 square tiles; tall: 16 row panels of 64 x 64
     r = simulate(GPU, Program("copy", [launch], inputs=(src, tall)))
     assert {n: (t.read, t.write) for n, t in r.tensors("forward").items()} == {
-        "dK_T": (131072, 0), "dK": (0, 131072), "dQ_r": (131072, 0), "dQ": (0, 131072)}
+        "dK_T": (2097152, 0), "dK": (0, 131072), "dQ_r": (131072, 0), "dQ": (0, 131072)}
     assert np.array_equal(dst.data[0], src.data[0].T)
+
+
+def test_a_gathered_read_is_a_sector_an_element_at_the_l2_and_its_bytes_once_from_dram():
+    """tensor.GATHER by hand: one 64 x 64 fp16 tile (8192 B) read one element a request, on a GPU
+    with a 1 MiB L2 at 1e11 B/s: 4096 requests x 32 B = 131072 B at the L2; the first touch misses,
+    so DRAM fetches the tile's 8192 B once (at 1e11 B/s, 82 ns + 100 ns latency); the other
+    131072 - 8192 = 122880 B are hits through the L2's pipe, 1.2288 us, which ends last. Without
+    an L2 every request is DRAM's."""
+    from hbmsim.simulator import Launch, Program, Tensor
+    from hbmsim.simulator.tensor import GATHER, tile_sectors
+    assert tile_sectors((1, 64, 64), 2, 0, 0, 64, 0, 64, GATHER) == 4096
+    assert tile_sectors((1, 64, 64), 2, 0, 0, 64, 0, 64) == 256            # the same tile coalesced
+    src = Tensor("K", (1, 64, 64), "fp16", count_only=True)
+
+    def block(ctx, i):
+        yield from ctx.load(src[0], slice(0, 64), slice(0, 64), GATHER)
+    program = Program("gather", [Launch("gather", 1, 0, block, (), (), "forward")], inputs=(src,))
+    r = simulate(tiny_gpu(l2_bytes=1 << 20, l2_bytes_per_s=1e11), program)
+    t = r.tensors("forward")["K"]
+    assert (t.read, t.hbm_read) == (131072, 8192)
+    assert r.time_s == pytest.approx(122880 / 1e11, rel=1e-12)
+    t = simulate(tiny_gpu(), program).tensors("forward")["K"]
+    assert (t.read, t.hbm_read) == (131072, 131072)

@@ -222,6 +222,28 @@ def test_kernel_groups_by_hand():
     assert compare_kernels("flash1", "paper", predicted, measured) is None
 
 
+def test_a_group_whose_rows_miss_launches_is_not_compared():
+    """h100-torch-fwd-bwd.json at N = 16384, causal: the profiler has no row for the rearranges'
+    copies, so the copies group holds only the mask's cast (1 launch measured against 4
+    predicted): its times move to the unclaimed lines, not into the group's error. The causal
+    add split into 8 launches (over 2^31 elements) against one predicted is compared."""
+    from hbmsim.scenarios.kernel_rows import ROWS_MISSING, UNCLAIMED_MEASURED, compare_kernels
+    predicted = [{"name": n, "time_s": t} for n, t in (("rearrange_q", 9e-5), ("rearrange_k", 1.2e-4),
+                                                       ("einsum_copy_v", 1e-4), ("causal_to_dtype", 5.5e-4),
+                                                       ("causal_add", 2.6e-2))]
+    measured = [{"name": "void at::native::elementwise_kernel<128, 4, ...CUDAFunctor_add<c10::Half>...>",
+                 "launches": 8.0, "time_s": 2.4e-2},
+                {"name": "void at::native::vectorized_elementwise_kernel<8, at::native::float16_copy_kernel_cuda...>",
+                 "launches": 1.0, "time_s": 5.3e-4}]
+    assert compare_kernels("standard", "pytorch-bench", predicted, measured) == [
+        ("causal mask (full, triu, add)", 2.6e-2, 2.4e-2), (UNCLAIMED_MEASURED, 0.0, 5.3e-4),
+        (ROWS_MISSING, pytest.approx(8.6e-4), 0.0)]
+    measured.append({"name": "void at::native::elementwise_kernel<128, 4, ...direct_copy_kernel_cuda...>",
+                     "launches": 3.0, "time_s": 4.2e-4})        # with the copies' row: compared
+    assert compare_kernels("standard", "pytorch-bench", predicted, measured)[0] == (
+        "copies (rearrange, einsum, stack, mask cast)", pytest.approx(8.6e-4), pytest.approx(9.5e-4))
+
+
 def test_fa3_and_cudnn_kernel_rows_group_by_hand():
     """flash3 stands for FlashAttention-3's kernels and for torch's cuDNN attention on Hopper: their
     rows (names as their sources and cuDNN's generated kernels give them) fall in its groups."""
