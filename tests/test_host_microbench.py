@@ -404,22 +404,27 @@ def test_torch_entries_and_their_host_fields(fake):
                                     "backward_start_s": 15 * US})
 
 
-def test_the_host_kernels_compile_for_sm80_and_sm90(tmp_path):
-    # nvcc (where the CUDA toolkit is installed) compiles every kernel the host entries launch
+def _ptx(tmp_path, source, arch: str) -> str:
+    """`source` compiled to PTX for `arch` by nvcc (where the CUDA toolkit is installed)."""
     import subprocess
     from hbmsim.kernels.compile_check import find_nvcc
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    for arch in ("sm_80", "sm_90"):
-        ptx = tmp_path / f"host_{arch}.ptx"
-        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(H.HOST_SOURCE), "-o", str(ptx)],
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        text = ptx.read_text()
-        for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp", "hbmsim_block_starts"):
-            assert f".entry {name}(" in text, (arch, name)
-        assert "%smid" in text and "%globaltimer" in text
+    ptx = tmp_path / f"{source.stem}_{arch}.ptx"
+    proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(source), "-o", str(ptx)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return ptx.read_text()
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_host_kernels_compile_for_sm80_and_sm90(tmp_path, arch):
+    # every kernel the host entries launch
+    text = _ptx(tmp_path, H.HOST_SOURCE, arch)
+    for name in ("hbmsim_empty", "hbmsim_spin", "hbmsim_stamp", "hbmsim_block_starts"):
+        assert f".entry {name}(" in text, name
+    assert "%smid" in text and "%globaltimer" in text
 
 
 def test_the_clock_sampler_records_power_and_the_clock_reasons(monkeypatch):
@@ -450,23 +455,14 @@ def test_the_clock_sampler_records_power_and_the_clock_reasons(monkeypatch):
     s.stop()
 
 
-def test_the_rate_kernels_compile_for_sm80_and_sm90(tmp_path):
-    # microbench.cu (mma.sync, ex2, the L2's lines against lone sectors) compiles where nvcc is;
-    # the lone-sector loads are ld.global.cg (at the L2, not L1)
-    import subprocess
-    from hbmsim.kernels.compile_check import find_nvcc
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    for arch in ("sm_80", "sm_90"):
-        ptx = tmp_path / f"rates_{arch}.ptx"
-        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(microbench.MICROBENCH_SOURCE),
-                               "-o", str(ptx)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        text = ptx.read_text()
-        for name in ("mma_sync_loop", "ex2_loop", "l2_read_loop"):
-            assert f".entry {name}(" in text, (arch, name)
-        assert text.count("ld.global.cg") == microbench.CHAINS
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_rate_kernels_compile_for_sm80_and_sm90(tmp_path, arch):
+    # microbench.cu: mma.sync, ex2, the L2's lines against lone sectors, whose CHAINS loads a trip
+    # are ld.global.cg (at the L2, not L1)
+    text = _ptx(tmp_path, microbench.MICROBENCH_SOURCE, arch)
+    for name in ("mma_sync_loop", "ex2_loop", "l2_read_loop"):
+        assert f".entry {name}(" in text, name
+    assert text.count("ld.global.cg") == microbench.CHAINS
 
 
 def test_l2_rates_by_hand():
