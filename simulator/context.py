@@ -185,6 +185,8 @@ class MachineContext:
             l2_access, written_back = l2.access, l2.written_back
         trace, t_prev = m.trace, None
         hbm_bytes = l2_bytes = writeback_bytes = 0
+        unpaced = 0                                    # counted L2 bytes the L2's pipe does not serve
+        # (GATHER's sector requests beyond its bytes, with the l2_sectors effect off)
         plain = 4 if write else 3                      # a tile with more elements names its access pattern
         for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
             for tile in tiles:
@@ -206,6 +208,8 @@ class MachineContext:
                                                              tile[plain])
                         if tile[plain] is not GATHER:
                             fetched = nbytes
+                        elif not m.l2_sectors:
+                            unpaced += nbytes - fetched
                 if w:
                     traffic.write += nbytes
                 else:
@@ -234,7 +238,7 @@ class MachineContext:
                     self._trace(trace, w, view, rows, cols, nbytes, miss > 0)
         if writeback_bytes:     # to DRAM, waited on by nobody: like a store, the kernel ends after it
             self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
-        l2_done_s = m.l2_pool.reserve(l2_bytes) if l2_bytes else 0.0
+        l2_done_s = m.l2_pool.reserve(l2_bytes - unpaced) if l2_bytes > unpaced else 0.0
         hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
         if m.recorder is not None:
             self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)

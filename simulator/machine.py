@@ -65,6 +65,7 @@ class Machine:
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
         self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
+        self.l2_sectors = self.model.l2_sectors       # a GATHER tile's sector requests take the L2's time
         # each SM's compute: its tensor pipe (the only one with sm_pipes off) and its vector (FP32/SFU) pipe
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]

@@ -32,6 +32,11 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   the instructions are integer, memory, shuffle and special-function ones as much as FP32 ones.
   On H100 the two rates are the same (128 FP32 lanes per SM); on A100 the issue rate is twice
   the FP32 one (64 lanes). Off, or on a GPU whose preset does not give the field: the FP32 rate.
+- l2_sectors: a tile read one element a request (tensor.GATHER: PyTorch's transposing copies)
+  takes the L2's bandwidth for every 32-byte sector it requests, 16x an fp16 tile's bytes, not
+  for its bytes alone (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory": a
+  warp's accesses are served in 32-byte sectors; Nsight Compute's lts__t_sectors counts them).
+  The counts are the sectors either way; off, the L2's pipe serves such a tile's bytes only.
 - serial_softmax: inside a warp, FlashAttention's softmax needs S from the GEMM before it and
   the next GEMM needs P from it, so a block's tensor-core work (overlapped with its shared-memory
   reads, which are software-pipelined) and its vector/SFU work (FP32 and SFU overlap, being
@@ -125,6 +130,7 @@ class TimeModel:
     sfu_exp: bool = True
     fp32_ops: bool = True
     instruction_issue: bool = True
+    l2_sectors: bool = True
     serial_softmax: bool = True
     registers: bool = True
     mma_operands: bool = True

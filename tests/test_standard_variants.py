@@ -229,3 +229,26 @@ def test_a_gathered_read_is_a_sector_an_element_at_the_l2_and_its_bytes_once_fro
     assert r.time_s == pytest.approx(122880 / 1e11, rel=1e-12)
     t = simulate(tiny_gpu(), program).tensors("forward")["K"]
     assert (t.read, t.hbm_read) == (131072, 131072)
+
+
+def test_without_l2_sectors_a_gathered_tile_takes_the_l2_its_bytes_only():
+    """The l2_sectors effect off: the same counts, but the L2's pipe serves a GATHER tile's bytes,
+    not its sector requests. Two reads of one 64 x 64 fp16 tile (8192 B, 4096 requests) on a GPU
+    with a 1 MiB L2 at 1e11 B/s and DRAM at 1e11 B/s, 100 ns latency: on, 122880 B then 131072 B
+    through the L2 (1.22880 + 1.31072 us); off, the miss from DRAM (81.92 + 100 ns), then the
+    hit's 8192 B through the L2 (81.92 ns)."""
+    from hbmsim.simulator import Launch, Program, Tensor, TimeModel
+    from hbmsim.simulator.tensor import GATHER
+    src = Tensor("K", (1, 64, 64), "fp16", count_only=True)
+
+    def block(ctx, i):
+        for _ in range(2):
+            yield from ctx.load(src[0], slice(0, 64), slice(0, 64), GATHER)
+    program = Program("gather", [Launch("gather", 1, 0, block, (), (), "forward")], inputs=(src,))
+    gpu = tiny_gpu(l2_bytes=1 << 20, l2_bytes_per_s=1e11)
+    for model, time_s in ((TimeModel(), (122880 + 131072) / 1e11),
+                          (TimeModel().off("l2_sectors"), 8192 / 1e11 + 1e-7 + 8192 / 1e11)):
+        r = simulate(gpu, program, model=model)
+        t = r.tensors("forward")["K"]
+        assert (t.read, t.hbm_read) == (262144, 8192)
+        assert r.time_s == pytest.approx(time_s, rel=1e-12)

@@ -133,7 +133,8 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     doc = json.loads(out_json.read_text())
     assert doc["time_model"] == "all effects on"
     labels = [f"without {e}" for e in ("stream_dram", "achievable_tensor", "mma_sync", "sfu_exp", "fp32_ops",
-                                       "instruction_issue", "serial_softmax", "registers", "mma_operands",
+                                       "instruction_issue", "l2_sectors", "serial_softmax", "registers",
+                                       "mma_operands",
                                        "sm_pipes", "pipe_sharing", "block_dispatch", "host")]
     for p in doc["points"]:
         abl = p["ablation_time_s"]
@@ -144,6 +145,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
         assert abl["without sm_pipes"] == p["predicted_time_s"]     # two pipes only for wgmma kernels (FA3)
         assert abl["without pipe_sharing"] == p["predicted_time_s"]     # so is their sharing
         assert abl["without instruction_issue"] == p["predicted_time_s"]    # for PyTorch's counted kernels
+        assert abl["without l2_sectors"] == p["predicted_time_s"]           # for PyTorch's transposing copies
         assert abl["without block_dispatch"] == p["predicted_time_s"]       # no preset gives its field yet
         assert abl["without achievable_tensor"] < p["predicted_time_s"]
         assert abl["all off"] < p["predicted_time_s"]
@@ -152,7 +154,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     errs = [(p["ablation_time_s"]["all off"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
     ablation = text[text.index("ablation: signed median"):]          # the ablation table, after the report
     row = next(line for line in ablation.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
-    assert len(row.split()) == 3 + 1 + 13 + 1          # family, the model, each effect off, all off
+    assert len(row.split()) == 3 + 1 + 14 + 1          # family, the model, each effect off, all off
     assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
 
 
