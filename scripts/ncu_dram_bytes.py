@@ -12,7 +12,11 @@ L2 written back and emptied before every kernel, outside it. The simulation does
 (`simulate(..., flush_launches=True)`), so each kernel starts from an empty L2 as it did there.
 
 Printed per kernel group (scenarios/kernel_rows.py) that has measured rows: the predicted and
-the measured DRAM read and write bytes, and the error (predicted - measured) / measured. A group
+the measured DRAM read and write bytes, and the error (predicted - measured) / measured. Where
+the rows also carry Nsight's L2 sectors the SMs asked for (`lts__t_sectors_srcunit_tex_op_read`
+and `_op_write`, kept by `gpu_session.py`'s ncu-stalls step), a second table sets hbmsim's
+L2-side counts (every tile's bytes, or its 32-byte sectors where the program names an access
+pattern: tensor.GATHER for PyTorch's transposing copies) against them, x 32 bytes. A group
 whose rows the file filtered (the n-* files kept only some kernel names) compares the predicted
 kernels its rows stand for. `--plot PNG`: predicted against measured bytes per kernel group, reads
 and writes, log axes, y = x. A bad file or plot path is one line, exit 2.
@@ -58,9 +62,13 @@ def run_of(file_name: str, hardware: str) -> dict | None:
             "ncu_pass": m["pass"]}
 
 
+L2_READ, L2_WRITE = "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_write.sum"
+SECTOR_BYTES = 32
+
+
 def predicted_bytes(run: dict, where: str) -> dict:
-    """{kernel name: (DRAM read bytes, DRAM write bytes)} of the run's pass, each kernel from an
-    empty L2 (summed over launches of one name)."""
+    """{kernel name: (DRAM read bytes, DRAM write bytes, L2-side read bytes, L2-side write bytes)}
+    of the run's pass, each kernel from an empty L2 (summed over launches of one name)."""
     cfg = config_of(where, 0, run)
     cfg = prepare(Experiment("ncu", "ncu", cfg.gpu, [cfg])).configs[0]
     result = simulate(cfg.gpu, build_program(cfg, None, True), fold=True, flush_launches=True)
@@ -68,27 +76,36 @@ def predicted_bytes(run: dict, where: str) -> dict:
     for k in result.kernels:
         if k.pass_name != run["ncu_pass"] or not k.launched:
             continue
-        r, w = out.get(k.name, (0, 0))
-        out[k.name] = (r + k.total("hbm_read"), w + k.total("hbm_write"))
+        r, w, lr, lw = out.get(k.name, (0, 0, 0, 0))
+        out[k.name] = (r + k.total("hbm_read"), w + k.total("hbm_write"), lr + k.total("read"), lw + k.total("write"))
     return out
+
+
+def _groups(run: dict, rows: list, predicted: dict):
+    """(group label, its measured rows, the predicted kernels they stand for) for each group with both."""
+    for g in GROUPS[(run["algorithm"], run["variant"])]:
+        mine = [r for r in rows if re.search(g.measured, r["name"])]
+        names = [n for n in g.predicted if n in predicted]
+        if mine and names:
+            yield g.label, mine, names[:len(mine)]   # a filtered file: the predicted kernels its rows stand for
 
 
 def compare(run: dict, rows: list, predicted: dict) -> list:
-    """[(group, predicted read, measured read, predicted write, measured write)] for each group
-    with measured rows."""
-    out = []
-    for g in GROUPS[(run["algorithm"], run["variant"])]:
-        mine = [r for r in rows if re.search(g.measured, r["name"])]
-        if not mine:
-            continue
-        names = [n for n in g.predicted if n in predicted]
-        if not names:
-            continue
-        if len(mine) < len(names):         # a filtered file: the predicted kernels the rows stand for
-            names = names[:len(mine)]
-        out.append((g.label, sum(predicted[n][0] for n in names), sum(r["dram__bytes_read.sum"] for r in mine),
-                    sum(predicted[n][1] for n in names), sum(r["dram__bytes_write.sum"] for r in mine)))
-    return out
+    """[(group, predicted read, measured read, predicted write, measured write)] DRAM bytes, for
+    each group with measured rows."""
+    return [(label, sum(predicted[n][0] for n in names), sum(r["dram__bytes_read.sum"] for r in mine),
+             sum(predicted[n][1] for n in names), sum(r["dram__bytes_write.sum"] for r in mine))
+            for label, mine, names in _groups(run, rows, predicted)]
+
+
+def compare_l2(run: dict, rows: list, predicted: dict) -> list:
+    """The same for the L2 side: hbmsim's L2-side read and write bytes against Nsight's sectors
+    the SMs asked the L2 for, x 32 bytes; only groups whose every row has both counts. (Atomics,
+    Nsight's op_red / op_atom, are not compared: hbmsim counts one as a read and a write.)"""
+    return [(label, sum(predicted[n][2] for n in names), SECTOR_BYTES * sum(r[L2_READ] for r in mine),
+             sum(predicted[n][3] for n in names), SECTOR_BYTES * sum(r[L2_WRITE] for r in mine))
+            for label, mine, names in _groups(run, rows, predicted)
+            if all(L2_READ in r and L2_WRITE in r for r in mine)]
 
 
 def load_ncu(ref: str) -> tuple:
@@ -107,15 +124,23 @@ def load_ncu(ref: str) -> tuple:
         for j, k in enumerate(r["kernels"]):
             if not isinstance(k, dict) or not isinstance(k.get("name"), str):
                 raise HbmsimError(f"{path}: runs[{i}].kernels[{j}] needs a 'name'")
-            for field in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
+            for field in ("dram__bytes_read.sum", "dram__bytes_write.sum", L2_READ, L2_WRITE):
                 v = k.get(field)
-                if not isinstance(v, (int, float)) or not v >= 0:
+                if field.startswith("lts") and v is None:
+                    continue                   # optional: only ncu-stalls' files keep the L2's sectors
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                     raise HbmsimError(f"{path}: runs[{i}].kernels[{j}].{field} = {v!r} must be a number >= 0")
     return str(path), gpu, runs
 
 
 def pct(p: float, m: float) -> str:
     return f"{(p - m) / m:+7.1%}" if m > 0 else "      -"
+
+
+def _line(file: str, label: str, pr: float, mr: float, pw: float, mw: float) -> str:
+    """One kernel group's row: MB read and written, predicted, measured, error."""
+    return (f"  {(file + ': ' + label)[:58]:58s} {pr / 1e6:12.1f} {mr / 1e6:8.1f} {pct(pr, mr)}"
+            f" {pw / 1e6:13.1f} {mw / 1e6:8.1f} {pct(pw, mw)}")
 
 
 def plot(points: dict, path, sources: list) -> Path:
@@ -145,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="*", default=[DEFAULT])
     ap.add_argument("--plot", metavar="PNG", help="predicted against measured DRAM bytes, log axes, y = x")
     a = ap.parse_args(argv)
-    errors: dict = {"read": [], "write": []}
+    errors: dict = {"read": [], "write": [], "L2-side read": [], "L2-side write": []}
     points: dict = {"read": [], "write": []}
     sources = []
     try:
@@ -156,26 +181,34 @@ def main(argv=None) -> int:
             print(f"{path} (measured: Nsight Compute DRAM bytes; predicted: hbmsim, each kernel from an empty L2)")
             print(f"  {'run / kernel group':58s} {'read MB pred':>12s} {'meas':>8s} {'err':>7s}"
                   f" {'write MB pred':>13s} {'meas':>8s} {'err':>7s}")
+            l2_lines = []
             for i, r in enumerate(runs):
                 run = run_of(r["file"], gpu)
                 if run is None:
                     continue
-                groups = compare(run, r["kernels"], predicted_bytes(run, f"{path}: runs[{i}]"))
-                for label, pr, mr, pw, mw in groups:
+                predicted = predicted_bytes(run, f"{path}: runs[{i}]")
+                for label, pr, mr, pw, mw in compare(run, r["kernels"], predicted):
                     errors["read"].append(abs(pr - mr) / mr if mr else None)
                     errors["write"].append(abs(pw - mw) / mw if mw else None)
                     points["read"].append((pr, mr))
                     points["write"].append((pw, mw))
-                    print(f"  {(r['file'] + ': ' + label)[:58]:58s} {pr / 1e6:12.1f} {mr / 1e6:8.1f} {pct(pr, mr)}"
-                          f" {pw / 1e6:13.1f} {mw / 1e6:8.1f} {pct(pw, mw)}")
+                    print(_line(r["file"], label, pr, mr, pw, mw))
+                for label, pr, mr, pw, mw in compare_l2(run, r["kernels"], predicted):
+                    errors["L2-side read"].append(abs(pr - mr) / mr if mr else None)
+                    errors["L2-side write"].append(abs(pw - mw) / mw if mw else None)
+                    l2_lines.append(_line(r["file"], label, pr, mr, pw, mw))
+            if l2_lines:
+                print("  L2 side (measured: Nsight's lts__t_sectors_srcunit_tex_op_read / _op_write x 32 B; "
+                      "predicted: hbmsim's L2-side counts)")
+                print("\n".join(l2_lines))
     except HbmsimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for what, es in errors.items():
         es = [e for e in es if e is not None]
         if es:
-            print(f"DRAM {what} bytes: {len(es)} kernel groups, median |error| {statistics.median(es):.1%}, "
-                  f"worst {max(es):.1%}")
+            print(f"{'DRAM ' if 'L2' not in what else ''}{what} bytes: {len(es)} kernel groups, median |error| "
+                  f"{statistics.median(es):.1%}, worst {max(es):.1%}")
     if plot_to is not None and points["read"]:
         print(f"wrote {plot(points, plot_to, sources)}")
     return 0

@@ -44,9 +44,29 @@ def test_the_fa2_forward_reads_q_k_v_once_from_an_empty_l2():
     blocks hit the L2, so DRAM reads are Q, K and V once (3 x 64 MiB; Nsight: 201.6 MB); O and
     lse are written, part of them still dirty in the L2 at the kernel's end."""
     run = ncu.run_of("ncu-fa2-64-forward.csv", "h100-sxm5-80gb")
-    (read, write), = ncu.predicted_bytes(run, "test").values()
+    (read, write, l2_read, l2_write), = ncu.predicted_bytes(run, "test").values()
     assert read == 3 * MB64
     assert 0 < write < MB64 + 4 * 32 * 4096 * 4
+    # L2 side: Q once, K and V by each of the 32 query blocks of 128 rows; O and lse (fp32) once
+    assert l2_read == MB64 + 32 * 2 * MB64 and l2_write == MB64 + 4 * 32 * 4096 * 4
+
+
+def test_l2_sectors_by_hand():
+    """PyTorch's forward copies (MB) against Nsight's L2 sectors: q's rearrange reads its 67.1 MB,
+    k's transposing one a 32-byte sector per 2-byte element (16x); a row without the sector counts
+    leaves its group out."""
+    run = ncu.run_of("ncu-pytorch-64-forward.csv", "h100-sxm5-80gb")
+    names = ("void at::native::elementwise_kernel<128, 4, ...direct_copy_kernel_cuda...>",) * 3
+    sectors = ((MB64 // 32, MB64 // 32), (16 * MB64 // 32, MB64 // 32), (MB64 // 32, MB64 // 32))
+    rows = [{"name": n, "dram__bytes_read.sum": MB64, "dram__bytes_write.sum": MB64, ncu.L2_READ: r,
+             ncu.L2_WRITE: w} for n, (r, w) in zip(names, sectors)]
+    predicted = {"rearrange_q": (MB64, 0, MB64, MB64), "rearrange_k": (MB64, 0, 16 * MB64, MB64),
+                 "einsum_copy_v": (MB64, 0, MB64, MB64)}
+    label = "copies (rearrange, einsum, stack, mask cast)"
+    assert ncu.compare_l2(run, rows, predicted) == [(label, 18 * MB64, 18 * MB64, 3 * MB64, 3 * MB64)]
+    del rows[1][ncu.L2_WRITE]
+    assert ncu.compare_l2(run, rows, predicted) == []
+    assert ncu.compare(run, rows, predicted) == [(label, 3 * MB64, 3 * MB64, 0, 3 * MB64)]
 
 
 def test_a_bad_file_is_one_line(tmp_path, capsys):
@@ -68,6 +88,26 @@ def test_a_bad_file_is_one_line(tmp_path, capsys):
     assert "not an ncu kernels file" in capsys.readouterr().err
 
 
+def test_the_l2_side_is_printed_where_the_file_has_its_sectors(tmp_path, capsys):
+    """The same FA2 forward row with Nsight's L2 sectors (as ncu-stalls keeps them): Q once plus K
+    and V for each of the 32 query blocks, 4160 MiB read; O and lse written; and NaN sectors are
+    one line, exit 2."""
+    f = tmp_path / "h100-ncu-stalls.json"
+    kernel = {"name": "void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>",
+              "dram__bytes_read.sum": 201588992.0, "dram__bytes_write.sum": 70313472.0,
+              ncu.L2_READ: (MB64 + 64 * MB64) / 32, ncu.L2_WRITE: (MB64 + 4 * 32 * 4096 * 4) / 32 * 1.1}
+    f.write_text(json.dumps({"runs": [{"file": "ncu-fa2-64-forward.csv", "kernels": [kernel]}]}))
+    assert ncu.main([str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "L2 side (measured: Nsight's lts__t_sectors_srcunit_tex_op_read" in out
+    assert "4362.1   4362.1   +0.0%" in out and "-9.1%" in out
+    assert "L2-side read bytes: 1 kernel groups, median |error| 0.0%" in out
+    kernel[ncu.L2_READ] = float("nan")
+    f.write_text(json.dumps({"runs": [{"file": "ncu-fa2-64-forward.csv", "kernels": [kernel]}]}))
+    assert ncu.main([str(f)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"runs[0].kernels[0].{ncu.L2_READ} = nan must be a number >= 0")
+
+
 def test_one_run_printed_and_plotted(tmp_path, capsys):
     """A file of one FA2 forward row (Nsight's measured 201.6 MB read, 70.3 MB written): the row's
     line, the summary, and the plot; a plot path that is a folder is one line, exit 2."""
@@ -80,5 +120,6 @@ def test_one_run_printed_and_plotted(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ncu-fa2-64-forward.csv: forward" in out and "201.3    201.6   -0.1%" in out
     assert "DRAM read bytes: 1 kernel groups" in out and png.stat().st_size > 10_000
+    assert "L2 side" not in out                          # the file has no L2 sector counts
     assert ncu.main([str(f), "--plot", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
