@@ -10,7 +10,7 @@ warm-up, with CUDA events:
   a = b + s * c (two reads, one write), on arrays far larger than the L2;
 - the L2's read rate for whole 128-byte lines (a warp's 32 consecutive words) against
   single-sector requests (each lane a word of its own line: a transposing copy's reads,
-  simulator/tensor.py's GATHER), from an L2-resident buffer: `l2_sector_cost` says how many
+  simulator/tensor.py's GATHER), from an L2-resident buffer: `l2_sector_cost_bytes` says how many
   bytes of the L2's line bandwidth a lone 32-byte sector costs (32: sector-exact, as the
   simulator counts it; 64: a slot of two sectors).
 
@@ -100,7 +100,7 @@ L2_ITERS = 2048               # trips of CHAINS loads per thread (about 1-2 ms c
 
 def l2_rates(warps: int, iters: int, line_s: float, sector_s: float) -> dict:
     """What l2_read_loop's two runs give. A coalesced warp load is one 128-byte line (4 sectors);
-    a spread one, 32 single-sector requests. `l2_sector_cost`: the line bandwidth's bytes each
+    a spread one, 32 single-sector requests. `l2_sector_cost_bytes`: the line bandwidth's bytes each
     lone sector request takes, line bytes/s x (sector run's seconds / its requested sectors)."""
     loads = warps * iters * CHAINS                          # warp load instructions of each run
     line_bytes_per_s = loads * L2_LINE_BYTES / line_s
@@ -108,7 +108,7 @@ def l2_rates(warps: int, iters: int, line_s: float, sector_s: float) -> dict:
     return {"warp_loads": loads, "line_bytes_per_s": line_bytes_per_s,
             "sector_requests_per_s": sector_requests_per_s,
             "sector_bytes_per_s": sector_requests_per_s * SECTOR_BYTES,
-            "l2_sector_cost": line_bytes_per_s / sector_requests_per_s}
+            "l2_sector_cost_bytes": line_bytes_per_s / sector_requests_per_s}
 
 
 def measure(warmup: int = 3, repeats: int = 10) -> dict:

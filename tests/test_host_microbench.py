@@ -473,5 +473,5 @@ def test_l2_rates_by_hand():
     assert r["warp_loads"] == 160 and r["line_bytes_per_s"] == pytest.approx(2.048e10)
     assert r["sector_requests_per_s"] == pytest.approx(6.4e8)
     assert r["sector_bytes_per_s"] == pytest.approx(2.048e10)
-    assert r["l2_sector_cost"] == pytest.approx(32)
-    assert microbench.l2_rates(10, 2, 1e-6, 16e-6)["l2_sector_cost"] == pytest.approx(64)
+    assert r["l2_sector_cost_bytes"] == pytest.approx(32)
+    assert microbench.l2_rates(10, 2, 1e-6, 16e-6)["l2_sector_cost_bytes"] == pytest.approx(64)
