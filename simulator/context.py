@@ -185,8 +185,10 @@ class MachineContext:
             l2_access, written_back = l2.access, l2.written_back
         trace, t_prev = m.trace, None
         hbm_bytes = l2_bytes = writeback_bytes = 0
-        unpaced = 0                                    # counted L2 bytes the L2's pipe does not serve
-        # (GATHER's sector requests beyond its bytes, with the l2_sectors effect off)
+        # the L2 pipe's time for a GATHER tile's hits differs from their counted bytes: each sector
+        # request takes gpu.l2_sector_request_bytes of it (l2_sectors effect; 32 = its bytes), or,
+        # with the effect off, the tile's own bytes only
+        pace_adjust = 0.0
         plain = 4 if write else 3                      # a tile with more elements names its access pattern
         for w in ((write, True) if also_write else (write,)):     # an atomic reads its tile, then writes it
             for tile in tiles:
@@ -198,7 +200,7 @@ class MachineContext:
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
-                lines = None
+                lines = gather = None
                 fetched = nbytes = (r1 - r0) * (c1 - c0) * itemsize     # the bytes requested
                 if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
                     if tile[plain].__class__ is L2Lines:          # (or the bytes, in the L2's lines)
@@ -206,10 +208,10 @@ class MachineContext:
                     else:                              # (GATHER: requested at the L2; DRAM fetches the bytes)
                         nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1,
                                                              tile[plain])
-                        if tile[plain] is not GATHER:
+                        if tile[plain] is GATHER:
+                            gather = True
+                        else:
                             fetched = nbytes
-                        elif not m.l2_sectors:
-                            unpaced += nbytes - fetched
                 if w:
                     traffic.write += nbytes
                 else:
@@ -234,11 +236,15 @@ class MachineContext:
                     else:
                         traffic.hbm_read += miss
                 l2_bytes += nbytes - miss
+                if gather:
+                    pace = m.gather_pace            # L2 pipe bytes per counted byte of its requests
+                    pace_adjust += (nbytes - miss) * (pace - 1) if pace else fetched - nbytes
                 if trace is not None:
                     self._trace(trace, w, view, rows, cols, nbytes, miss > 0)
         if writeback_bytes:     # to DRAM, waited on by nobody: like a store, the kernel ends after it
             self._launch.track_store(m.hbm.request(writeback_bytes), 0.0)
-        l2_done_s = m.l2_pool.reserve(l2_bytes - unpaced) if l2_bytes > unpaced else 0.0
+        paced = l2_bytes + pace_adjust if pace_adjust else l2_bytes
+        l2_done_s = m.l2_pool.reserve(paced) if paced > 0 else 0.0
         hbm_ev = m.hbm.request(hbm_bytes) if hbm_bytes else None
         if m.recorder is not None:
             self._record(tiles, write or also_write, hbm_ev, hbm_bytes, l2_bytes, l2_done_s)

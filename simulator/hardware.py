@@ -17,7 +17,7 @@ from .errors import HbmsimError
 
 # Fields that must be whole numbers (sizes and counts).
 INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes", "max_blocks_per_sm",
-              "registers_per_sm", "has_wgmma")
+              "registers_per_sm", "has_wgmma", "l2_sector_request_bytes")
 # Fields that may be zero: no L2 modelled.
 # Fields that may be zero: no L2 modelled; a rate of the time model (time_model.py) the preset
 # does not give, which switches that effect off for this GPU.
@@ -65,6 +65,10 @@ class GPU:
     # (time_model.py: block_dispatch); 0 = every SM starts at once. Not measured yet in any preset:
     # `hbmsim microbench --host` records it (block_dispatch's per_block_s)
     block_dispatch_s: float = 0.0
+    # bytes of the L2's bandwidth (l2_bytes_per_s, a coalesced-load figure) that one lone 32-byte
+    # sector request takes: a tile read one element a request (tensor.GATHER; time_model.py:
+    # l2_sectors). 32 = the sector itself; `hbmsim microbench` measures it (l2_sector_cost_bytes)
+    l2_sector_request_bytes: int = 32
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -93,6 +97,9 @@ class GPU:
             if getattr(self, f) > 1:
                 raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 "
                                   "(a fraction of a peak)")
+        if self.l2_sector_request_bytes < 32:
+            raise HbmsimError(f"{where}: field 'l2_sector_request_bytes' = {self.l2_sector_request_bytes!r} "
+                              "must be at least 32 (a request moves a whole 32-byte sector)")
         if self.has_wgmma not in (0, 1):
             raise HbmsimError(f"{where}: field 'has_wgmma' = {self.has_wgmma!r} must be 0 or 1")
         if self.l2_bytes > 0 and self.l2_bytes_per_s <= 0:

@@ -39,6 +39,7 @@ from .program import Launch, Program
 from .results import KernelResult, SimResult
 from .shared_pipes import SharedPipes
 from .simpy_adapter import Inline, events_scheduled
+from .tensor import SECTOR_BYTES
 from .host import DEFAULT_HOST
 from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
 
@@ -65,7 +66,9 @@ class Machine:
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
         self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
-        self.l2_sectors = self.model.l2_sectors       # a GATHER tile's sector requests take the L2's time
+        # L2 pipe bytes per counted byte of a GATHER tile's sector requests (context._issue): each
+        # request takes l2_sector_request_bytes of the pipe (l2_sectors effect); 0: the effect off
+        self.gather_pace = gpu.l2_sector_request_bytes / SECTOR_BYTES if self.model.l2_sectors else 0.0
         # each SM's compute: its tensor pipe (the only one with sm_pipes off) and its vector (FP32/SFU) pipe
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]

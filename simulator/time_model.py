@@ -36,6 +36,8 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   takes the L2's bandwidth for every 32-byte sector it requests, 16x an fp16 tile's bytes, not
   for its bytes alone (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory": a
   warp's accesses are served in 32-byte sectors; Nsight Compute's lts__t_sectors counts them).
+  Each request takes the preset's `l2_sector_request_bytes` of the pipe (32, the sector itself,
+  until the L2's rate for lone sectors is measured: `hbmsim microbench`, l2_sector_cost_bytes).
   The counts are the sectors either way; off, the L2's pipe serves such a tile's bytes only.
 - serial_softmax: inside a warp, FlashAttention's softmax needs S from the GEMM before it and
   the next GEMM needs P from it, so a block's tensor-core work (overlapped with its shared-memory

@@ -40,6 +40,8 @@ BASE = open(HARDWARE_DIR / "a100-sxm4-40gb.toml").read().split("\n[source]")[0]
     (lambda s: s + "\nwarp_size = 32\n", r"unknown hardware field 'warp_size'"),
     (lambda s: s.replace("sm_count = 108", "sm_count = 10.5"), r"field 'sm_count' = 10.5 must be a whole number"),
     (lambda s: s.replace("sm_count = 108", 'sm_count = "many"'), r"field 'sm_count' = 'many' must be a finite number"),
+    (lambda s: s.replace("l2_sector_request_bytes = 32", "l2_sector_request_bytes = 16"),
+     r"field 'l2_sector_request_bytes' = 16 must be at least 32 \(a request moves a whole 32-byte sector\)"),
 ])
 def test_bad_hardware_file(tmp_path, edit, message):
     assert "sm_count = 108" in BASE

@@ -32,7 +32,8 @@ SAME_AS_H100 = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "s
 # The HBM3e, and the L2 the driver reports (60 MiB, the full die's, against the H100's 50 MiB).
 DIFFERENT_FROM_H100 = ("hbm_bytes_per_s", "hbm_capacity_bytes", "l2_bytes")
 # Measured on the H200 itself by the microbenchmarks that measured the H100's.
-MEASURED_ON_EACH = ("tensor_achievable_fraction", "hbm_stream_fraction", "mma_sync_fraction", "block_dispatch_s")
+MEASURED_ON_EACH = ("tensor_achievable_fraction", "hbm_stream_fraction", "mma_sync_fraction", "block_dispatch_s",
+                    "l2_sector_request_bytes")
 
 
 def _load(path):
