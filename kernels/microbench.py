@@ -145,11 +145,13 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
     for spread in (0, 1):
         times = _timed(cp, lambda: fn((blocks,), (THREADS,), (buf, out, cycles, np.int32(lines), np.int32(L2_ITERS),
                                                               np.int32(spread))), warmup, repeats)
-        runs[spread] = (statistics.median(times), times)
+        # (and the last run's per-block clock64 cycles: with 4 blocks an SM, not the SM clock)
+        runs[spread] = (statistics.median(times), times, float(np.median(cp.asnumpy(cycles))))
     r = l2_rates(blocks * THREADS // 32, L2_ITERS, runs[0][0], runs[1][0])
     r.update(buffer_bytes=L2_BUFFER_BYTES, blocks=blocks, threads_per_block=THREADS, iters=L2_ITERS,
              time_s=runs[0][0] + runs[1][0],           # the two runs' medians together
-             line_time_s=runs[0][0], line_times_s=runs[0][1], sector_time_s=runs[1][0], sector_times_s=runs[1][1])
+             line_time_s=runs[0][0], line_times_s=runs[0][1], line_block_cycles_median=runs[0][2],
+             sector_time_s=runs[1][0], sector_times_s=runs[1][1], sector_block_cycles_median=runs[1][2])
     res["l2_read_lines_vs_sectors"] = r
 
     # DRAM: 2 GiB arrays (40x H100's L2), copy = read + write, triad = 2 reads + 1 write

@@ -200,7 +200,7 @@ class MachineContext:
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
-                lines = gather = None
+                lines, gather = None, False
                 fetched = nbytes = (r1 - r0) * (c1 - c0) * itemsize     # the bytes requested
                 if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
                     if tile[plain].__class__ is L2Lines:          # (or the bytes, in the L2's lines)
@@ -208,9 +208,8 @@ class MachineContext:
                     else:                              # (GATHER: requested at the L2; DRAM fetches the bytes)
                         nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1,
                                                              tile[plain])
-                        if tile[plain] is GATHER:
-                            gather = True
-                        else:
+                        gather = tile[plain] is GATHER
+                        if not gather:
                             fetched = nbytes
                 if w:
                     traffic.write += nbytes

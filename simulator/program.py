@@ -123,8 +123,8 @@ class BlockContext(Protocol):
     def steady_loop(self, first: int, last: int):
         """A handle on this block's loop of alike iterations `first`..`last`: `j =
         loop.next(j)` at the top of iteration j returns the iteration to run, j or (fast mode, a
-        launch of one wave, every block steady) a later one, the skipped ones waited out and
-        counted (simulator/loop_fold.py)."""
+        launch of one wave, every block steady) a later one, the skipped ones counted and their time
+        added to the kernel's, not simulated (simulator/loop_fold.py)."""
 
     def note(self, what: str, **values) -> None:
         """An annotation of the program's own numbers (a tile's S, m, l, O...), for `hbmsim explain`:
