@@ -13,6 +13,8 @@ row (after the causal add; backward: masked_fill of dS with that row, in place).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from hbmsim.simulator import Program, Tensor
@@ -63,6 +65,26 @@ TORCH_CAT_COPY_LANE_OPS = 85.4
 # path: 1.77 warp instructions per element at N = 2048 and 8192 (head dim 128, causal) -> 56.8, issue
 # slots 70-76% busy.
 TORCH_BROADCAST_ADD_LANE_OPS = 56.8
+
+
+# The framework ops attention_pytorch dispatches before each of its forward launches (Launch.host_ops,
+# what the stopwatch's host pays: simulator/host.py), counted from the benchmark's code: unbind,
+# permute, reshape (q's copy); permute, reshape (k's); empty, baddbmm; view, full (the mask); triu;
+# .to; the add; softmax (with the view when there is no mask); dropout (no kernel at p = 0: its op is
+# paid before the einsum's); einsum (v's copy); the einsum's bmm. The backward keeps one autograd
+# node a launch (Launch's default).
+FORWARD_HOST_OPS = {"rearrange_q": 3, "rearrange_k": 2, "baddbmm": 2, "causal_full": 2, "causal_triu": 1,
+                    "causal_to_dtype": 1, "causal_add": 1, "mask_padding": 1, "softmax": 1, "dropout": 1,
+                    "einsum_copy_v": 1, "bmm_pv": 1}
+
+
+def _with_forward_host_ops(launches: list, wl: Workload) -> list:
+    """The forward's launches with FORWARD_HOST_OPS, and the ops that launch nothing (the view when
+    no mask follows baddbmm, dropout at p = 0) paid by the next launch."""
+    extra = {"softmax": 0 if wl.causal else 1,
+             "einsum_copy_v": 0 if any(launch.name == "dropout" for launch in launches) else 1}
+    return [dataclasses.replace(launch, host_ops=FORWARD_HOST_OPS[launch.name] + extra.get(launch.name, 0))
+            for launch in launches]
 
 
 def pytorch_bench_forward(wl: Workload, data: AttentionData | None = None, gemm_tile: tuple = GEMM_TILE) -> Program:
@@ -128,7 +150,7 @@ def _forward(wl: Workload, data: AttentionData | None, gemm_tile: tuple) -> tupl
     L.append(gemm_launch("bmm_pv", P_used, Vr, O, False, gemm_tile, allocs=(O,)))
     saved = dict(Q=Q, K=K, V=V, Q_r=Qr, K_T=KT, V_r=Vr, P=P, P_used=P_used, dropout_mask=DM,
                  key_padding_mask=KPM, O=O)
-    return L, inputs, saved
+    return _with_forward_host_ops(L, wl), inputs, saved
 
 
 def _backward(wl: Workload, data: AttentionData | None, gemm_tile: tuple, saved: dict, L: list) -> dict:

@@ -25,6 +25,11 @@ class Implementation:
     grid: str = "paper"             # the grid it is timed over: "paper" (the FA2 paper's, forward and
                                     # backward) or "decode" (one query row against a long KV cache,
                                     # kernels/library_decode.py)
+    # ((pass, ops), ...): the framework ops the timed_here harness (kernels/library_timing.make_fn)
+    # dispatches around the library call before the pass's first kernel, beyond the program's own
+    # (Launch.host_ops): the stopwatch sees them (simulator/host.py). Python-level calls that are
+    # not framework ops (sdpa_kernel's backend flags, setting .grad to None) are not counted.
+    caller_ops: tuple = ()
 
     def describe(self, what: str) -> str:
         """The provenance's line for this implementation: its program, variant and `what` ran."""
@@ -36,7 +41,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         "fa2", "flash2", "fa2-kernel",
         in_fa2_paper="FlashAttention-2 v2.0.x, the paper's release (July 2023)",
         timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.FLASH_ATTENTION (the "
-                   "FlashAttention-2 kernels vendored in torch {torch}; not the v2.0.x release of the paper)"),
+                   "FlashAttention-2 kernels vendored in torch {torch}; not the v2.0.x release of the paper)",
+        # forward: q, k and v each .transpose(1, 2) (a view, recorded by autograd) before SDPA, whose own op
+        # is the program's; backward: the engine and SDPA's node are the program's, the transposes' nodes
+        # run after its kernels
+        caller_ops=(("forward", 3),)),
     Implementation(
         "fa1", "flash1", "fa1-kernel",
         in_fa2_paper="FlashAttention v1.0.9, the newest v1 at the time (Dao-AILab/flash-attention#505), which "
@@ -53,7 +62,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.CUDNN_ATTENTION (cuDNN's "
                    "fused flash attention, cuDNN {cudnn} in torch {torch}; on sm90 a warp-specialised kernel with "
                    "TMA loads and wgmma GEMMs, as FlashAttention-3's: not FA3 itself, its tiles and schedule are "
-                   "cuDNN's own)"),
+                   "cuDNN's own)",
+        caller_ops=(("forward", 3),)),       # the same harness as fa2's: three transposes before SDPA
     Implementation(
         "fa3", "flash3", "fa3-kernel",
         timed_here="flash_attn_interface.flash_attn_func of FlashAttention-3 (the hopper/ directory of "

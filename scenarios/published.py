@@ -31,6 +31,9 @@ FA2_PAPER_PROVENANCE = {
     "gpu": "NVIDIA A100 80GB SXM4 and H100 80GB SXM5 (the paper's figures)",
     "setup": "fp16, no dropout, 16k tokens in total (batch = 16384 / seq_len), hidden size 2048 (head dim 64: "
              "32 heads; head dim 128: 16 heads), seq_len 512..16k; PyTorch runs out of memory at 16k",
+    "timing": "benchmark_fwd_bwd of flash_attn/utils/benchmark.py: torch.utils.benchmark's Timer.timeit over a loop "
+              "of calls between two synchronises, the mean per call: one call's host work overlaps the kernels of "
+              "the one before; every run says \"calls\": \"back-to-back\"",
     "flop_convention": "forward = 4 N^2 d heads batch (halved when causal); forward + backward = 3.5 x forward; "
                        "time = FLOPs / the throughput read off the figure",
     "read_off": "throughput values read from the figures' printed bar labels; 'bar height (+-2)' marks values "
@@ -60,6 +63,7 @@ def convert_fa2_paper_csv(csv_path: str | Path) -> dict:
                 "tflops_per_s": float(row["tflops_per_s"]),
                 "read_off": row["read_off"],
                 "citation": row["source"],
+                "calls": "back-to-back",      # torch.utils.benchmark's timeit: a loop of calls
             })
     return {"source": "published", "provenance": {**FA2_PAPER_PROVENANCE, "implementations": {
         name: impl.describe(impl.in_fa2_paper) for name, impl in IMPLEMENTATIONS.items()}}, "runs": runs}

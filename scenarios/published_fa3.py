@@ -56,6 +56,10 @@ FA3_PAPER_PROVENANCE = {
                    "C.2 (lengths from 4k made divisible by the 132 SMs) and hopper/benchmark_flash_attention_fp8.py "
                    "line 222 at Dao-AILab/flash-attention commit 5018ac6a (bs_seqlen_vals ... (4, 4224), (2, 8448), "
                    "(1, 8448 * 2)); their times are the printed TFLOP/s at those sizes",
+    "timing": "hopper/benchmark_attn.py times a loop of calls with the host running ahead of the GPU (triton's "
+              "do_bench for the forward, flash_attn/utils/benchmark.py's benchmark_backward, torch.utils.benchmark's "
+              "timeit, for the backward): one call's host work overlaps the kernels of the one before; every run "
+              "says \"calls\": \"back-to-back\"",
     "flop_convention": "forward = 4 N^2 d heads batch, halved when causal (hopper/benchmark_attn.py line 62: "
                        "batch nheads 2 seqlen_q avg_seqlen (headdim + headdim_v)); backward = 2.5 x forward "
                        "(benchmark_attn.py line 398); time = FLOPs / the printed throughput",
@@ -88,6 +92,7 @@ def convert_fa3_paper_csv(csv_path: str | Path = FA3_PAPER_CSV) -> dict:
                 "hardware_overrides": dict(FA3_PAPER_CLOCK),
                 "time_s": float(row["time_ms"]) * 1e-3, "tflops_per_s": float(row["tflops_per_s"]),
                 "read_off": row["read_off"], "citation": row["source"],
+                "calls": "back-to-back",      # a loop of calls, the host running ahead (FA3_PAPER_PROVENANCE's timing)
             })
     return {"source": "published", "provenance": {**FA3_PAPER_PROVENANCE, "implementations": {
         name: f"hbmsim algorithm {a}, variant {v}: {what}" for name, (a, v, what) in IMPLEMENTATIONS.items()}},

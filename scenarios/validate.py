@@ -5,7 +5,9 @@ For every run of a measured file (scenarios/measured/, or any file in the compar
 hardware preset, workload, program, variant and whatever mapping fields the run records, e.g.
 block sizes), simulate it count-only, and compare at two levels:
 - event level: the predicted time of the run's pass against the measured time (CUDA events
-  around the pass, or a paper's figure);
+  around the pass, or a paper's figure), as the run's harness timed it: one synchronised call,
+  the timed call's own framework ops before the pass's first kernel included (caller_ops_of: a
+  harness's transposes around SDPA), or calls back to back, each the loop's period (calls_of);
 - kernel level, where the run has kernel rows (torch.profiler's device time per kernel): the
   predicted kernels' device time against the rows, in sum and group by group
   (scenarios/kernel_rows.py), so that an off kernel shows as itself.
@@ -23,10 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from dataclasses import dataclass
 
+from hbmsim.kernels.implementations import IMPLEMENTATIONS
 from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
+from hbmsim.simulator.host import DEFAULT_HOST, HostStep, pass_times
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
@@ -70,6 +75,10 @@ class Job:
     config: int            # index into the plan's configurations
     run: dict
     where: str
+    caller_ops: tuple = () # ((pass, ops), ...): the timed call's own framework ops before the pass's first
+                           # kernel (caller_ops_of)
+    calls: str = "one"     # how the run's calls were timed: "one" (a stopwatch around one synchronised
+                           # call) or "back-to-back" (a loop of calls between two synchronises: calls_of)
 
 
 def _passes(pass_name: str, where: str) -> tuple:
@@ -121,6 +130,59 @@ def config_of(path: str, i: int, r: dict) -> Config:
     return Config(gpu, make_workload(where, w), spec, where=where, l2_start=l2_start)
 
 
+LIBRARY_COMMAND = re.compile(r"hbmsim\.kernels\.library(\s|$)")     # kernels/library.py's provenance
+
+
+def caller_ops_of(where: str, r: dict, provenance: dict) -> tuple:
+    """((pass, ops), ...): the framework ops the run's timed call dispatches around the
+    implementation before each pass's first kernel. The run's "caller_ops" ({pass: whole number >= 0})
+    where it records them; in a file `python -m hbmsim.kernels.library` wrote (its provenance's
+    command) without them, that harness's (kernels/implementations.py: Implementation.caller_ops);
+    else none (a paper's harness calls the library directly)."""
+    ops = r.get("caller_ops")
+    if ops is None:
+        impl = IMPLEMENTATIONS.get(r.get("implementation"))
+        return impl.caller_ops if impl and LIBRARY_COMMAND.search(str(provenance.get("command", ""))) else ()
+    if not isinstance(ops, dict):
+        raise HbmsimError(f"{where}: field 'caller_ops' = {ops!r} must be a table {{pass: framework ops}}")
+    for name, n in ops.items():
+        if name not in ("forward", "backward"):
+            raise HbmsimError(f"{where}: field 'caller_ops.{name}': the pass must be forward or backward")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise HbmsimError(f"{where}: field 'caller_ops.{name}' = {n!r} must be a whole number >= 0")
+    return tuple(sorted(ops.items()))
+
+
+CALLS = ("one", "back-to-back")
+
+
+def calls_of(where: str, r: dict) -> str:
+    """How the run's time was taken: its "calls" field, "one" (CUDA events or a wall clock around
+    one call, synchronised after it: this project's harness) or "back-to-back" (a loop of calls
+    between two synchronises, the time divided by the calls: torch.utils.benchmark's timeit, as the
+    FlashAttention papers' benchmarks time); "one" where the run does not say."""
+    calls = r.get("calls", "one")
+    if calls not in CALLS:
+        raise HbmsimError(f"{where}: field 'calls' = {calls!r} must be one of {', '.join(CALLS)}")
+    return calls
+
+
+def stopwatch_s(res: dict, caller_ops: tuple, model: TimeModel, calls: str = "one") -> float:
+    """The predicted time of a result `res` (a pass, or forward+backward) as the run's harness
+    timed it (host.pass_times): one call, its host's dispatch before the kernels (`caller_ops` of
+    the harness's own first), or calls back to back, each the period of the loop. res's time_s
+    where neither changes it or the host effect is off."""
+    if not model.host or (calls == "one" and not any(n for _, n in caller_ops)):
+        return res["time_s"]
+    ops = dict(caller_ops)
+    total = 0.0
+    for p in dict.fromkeys(k["pass"] for k in res["kernels"]):
+        steps = [HostStep(k["time_s"], k["host_ops"], k["launched"]) for k in res["kernels"] if k["pass"] == p]
+        t = pass_times(steps, p == "backward", model.host_spec or DEFAULT_HOST, ops.get(p, 0))
+        total += t.period_s if calls == "back-to-back" else t.time_s
+    return total
+
+
 def configs_of(path: str, runs: list, only: str | None = None, max_seq_len: int | None = None) -> list:
     """(Config, run) for every run of a measured file that `only` and `max_seq_len` keep."""
     return [(config_of(path, i, r), r) for i, r in enumerate(runs) if _kept(r, only, max_seq_len)]
@@ -143,7 +205,8 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
             if key not in index:
                 index[key] = len(configs)
                 configs.append(cfg)
-            jobs.append(Job(index[key], r, cfg.where))
+            jobs.append(Job(index[key], r, cfg.where, caller_ops_of(cfg.where, r, measured.provenance),
+                            calls_of(cfg.where, r)))
     if not jobs:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     return configs, jobs
@@ -186,8 +249,10 @@ def ablation_models(model: TimeModel) -> dict:
     return out
 
 
-def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None) -> Point:
-    """The point of one measured run from its configuration's results (one per pass)."""
+def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None,
+             model: TimeModel | None = None) -> Point:
+    """The point of one measured run from its configuration's results (one per pass), simulated
+    with `model` (default: every effect on)."""
     r = job.run
     pass_name = r.get("pass", "forward")
     res = result_of(results, pass_name)
@@ -200,7 +265,8 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None)
     rows = r.get("kernels")
     groups = compare_kernels(cfg.run.algorithm, res.get("variant", ""), res["kernels"], rows or [])
     measured_kernel_s = sum(k["time_s"] for k in rows) if rows else None
-    return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, res["time_s"], r["time_s"], ablation,
+    predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls)
+    return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, predicted_s, r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
                  tuple(groups or ()))
 
@@ -229,7 +295,7 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
         done[label][i] = rs
         finished += 1
         if not ablation and label == "":      # kept before anything is said of it
-            points.extend(point_of(j, exp.configs[i], rs) for j in jobs if j.config == i)
+            points.extend(point_of(j, exp.configs[i], rs, model=model) for j in jobs if j.config == i)
         if progress:
             progress(finished, n)
 
@@ -240,9 +306,10 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
                   on_config=lambda i, rs, label=label: arrived(label, i, rs), forward_alone=True)
 
     def pass_time(label: str, j: Job) -> float:
-        return result_of(done[label][j.config], j.run.get("pass", "forward"))["time_s"]
+        return stopwatch_s(result_of(done[label][j.config], j.run.get("pass", "forward")), j.caller_ops, models[label],
+                           j.calls)
     points[:] = [point_of(j, exp.configs[j.config], done[""][j.config],
-                          {label: pass_time(label, j) for label in models if label} if ablation else None)
+                          {label: pass_time(label, j) for label in models if label} if ablation else None, model)
                  for j in jobs]        # whole: in the files' order
     return points
 

@@ -90,7 +90,7 @@ class KernelResult:
             "matmul_flops": self.matmul_flops, "vector_flops": self.vector_flops,
             "exp_ops": self.exp_ops,
             "sram_read_bytes": self.sram_read_bytes, "hbm_peak_bytes": self.hbm_peak_bytes,
-            "folded_blocks": self.folded_blocks, "host_ops": self.host_ops,
+            "folded_blocks": self.folded_blocks, "host_ops": self.host_ops, "launched": self.launched,
             "tensors": {k: vars(v).copy() for k, v in sorted(self.tensors.items())},
         }
 

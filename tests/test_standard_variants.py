@@ -121,6 +121,20 @@ def test_pytorch_bench_by_hand():
     assert io == closed("pytorch-bench", "forward", wl, (128, 128, 64))
 
 
+@pytest.mark.parametrize("causal, ops", [
+    # unbind permute reshape | permute reshape | empty baddbmm | view softmax | dropout einsum | bmm: 12 ops
+    (False, [("rearrange_q", 3), ("rearrange_k", 2), ("baddbmm", 2), ("softmax", 2), ("einsum_copy_v", 2),
+             ("bmm_pv", 1)]),
+    # ... | view full | triu | .to | add | softmax | ...: 16 ops
+    (True, [("rearrange_q", 3), ("rearrange_k", 2), ("baddbmm", 2), ("causal_full", 2), ("causal_triu", 1),
+            ("causal_to_dtype", 1), ("causal_add", 1), ("softmax", 1), ("einsum_copy_v", 2), ("bmm_pv", 1)]),
+])
+def test_pytorch_bench_pays_the_benchmarks_ops_before_each_launch(causal, ops):
+    """attention_pytorch's forward, op by op (the host's part of its stopwatch time, simulator/host.py)."""
+    program = pytorch_bench_forward(Workload(1, 1, 256, 256, 64, causal=causal), None, (128, 128, 64))
+    assert [(launch.name, launch.host_ops) for launch in program.launches] == ops
+
+
 def test_attention_ref_by_hand():
     # G = 1, N = 4, d = 2, fp16, no mask, one tile. Upcasts: Q, K, V read 16 B each, 32 B fp32
     # copies written; repeats and q*scale copy 32 B fp32 tensors; S = 4x4 fp32 = 64 B written,

@@ -294,3 +294,78 @@ def test_kernel_level_is_reported_for_files_with_kernel_rows(tmp_path, capsys):
             (p["predicted_kernel_time_s"] - p["measured_kernel_time_s"]) / p["measured_kernel_time_s"])
         # the stopwatch sees the kernels and the host's dispatch before them
         assert p["predicted_time_s"] > p["predicted_kernel_time_s"]
+
+
+def test_the_library_harness_pays_its_transposes_before_sdpa(tmp_path):
+    """A file `python -m hbmsim.kernels.library` wrote: its fa2 forward's timed call transposes q, k
+    and v (three framework ops, kernels/implementations.py) before SDPA, so the stopwatch's
+    prediction is 3 x 6.8 us later than the program's own; a run may say so itself ("caller_ops"),
+    and without the library's command a file's runs pay none. One H100 run: FA2 forward, N = 128."""
+    doc = json.loads((MEASURED_DIR / "h100-torch-seqlens.json").read_text())
+    run = next(r for r in doc["runs"] if r["implementation"] == "fa2" and r["pass"] == "forward"
+               and r["workload"]["seq_len"] == 128 and r["workload"]["head_dim"] == 64 and not r["workload"]["causal"])
+    assert "hbmsim.kernels.library " in doc["provenance"]["command"]
+
+    def predicted(provenance: dict, **fields) -> dict:
+        f, out = tmp_path / "one.json", tmp_path / "out.json"
+        f.write_text(json.dumps({**doc, "provenance": provenance, "runs": [{**run, **fields}]}))
+        assert main(["validate", str(f), "--quiet", "--json", str(out)]) == 0
+        (p,) = json.loads(out.read_text())["points"]
+        return p
+
+    library = predicted(doc["provenance"])
+    paper = predicted({k: v for k, v in doc["provenance"].items() if k != "command"})
+    own = predicted({k: v for k, v in doc["provenance"].items() if k != "command"}, caller_ops={"forward": 5})
+    assert library["predicted_kernel_time_s"] == paper["predicted_kernel_time_s"]
+    assert library["predicted_time_s"] - paper["predicted_time_s"] == pytest.approx(3 * 6.8e-6, abs=1e-12)
+    assert own["predicted_time_s"] - paper["predicted_time_s"] == pytest.approx(5 * 6.8e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("ops, message", [
+    ([3], "field 'caller_ops' = [3] must be a table {pass: framework ops}"),
+    ({"forward": -1}, "field 'caller_ops.forward' = -1 must be a whole number >= 0"),
+    ({"forward": 1.5}, "field 'caller_ops.forward' = 1.5 must be a whole number >= 0"),
+    ({"sideways": 1}, "field 'caller_ops.sideways': the pass must be forward or backward"),
+])
+def test_bad_caller_ops_are_one_line(tmp_path, capsys, ops, message):
+    doc = json.loads(SHIPPED.read_text())
+    doc["runs"] = [{**doc["runs"][0], "caller_ops": ops}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "runs[0]" in err and "Traceback" not in err
+
+
+def test_a_papers_loop_of_calls_hides_the_host(tmp_path):
+    """The FlashAttention-2 paper timed a loop of calls (torch.utils.benchmark's timeit), so its runs
+    say "calls": "back-to-back" and a call takes the loop's period: at N = 512 on A100 the GPU is the
+    slower, so the predicted time is the kernels' plus a 0.9 us gap before each of the four launched
+    kernels (the forward's one, the backward's three; the L2's write-back is not launched). The same
+    run timed as one call pays the host's dispatch and the autograd engine's 95.7 us before them."""
+    doc = json.loads(SHIPPED.read_text())
+    assert {r["calls"] for r in doc["runs"]} == {"back-to-back"} and "timeit" in doc["provenance"]["timing"]
+    run = next(r for r in doc["runs"] if r["implementation"] == "fa2" and r["hardware"] == "a100-sxm4-80gb"
+               and r["workload"]["seq_len"] == 512 and r["workload"]["head_dim"] == 64 and not r["workload"]["causal"])
+
+    def point(**fields) -> dict:
+        f, out = tmp_path / "one.json", tmp_path / "out.json"
+        f.write_text(json.dumps({**doc, "runs": [{**run, **fields}]}))
+        assert main(["validate", str(f), "--quiet", "--json", str(out)]) == 0
+        (p,) = json.loads(out.read_text())["points"]
+        return p
+
+    loop, one = point(), point(calls="one")
+    assert loop["predicted_time_s"] - loop["predicted_kernel_time_s"] == pytest.approx(4 * 0.9e-6, abs=1e-12)
+    assert one["predicted_kernel_time_s"] == loop["predicted_kernel_time_s"]
+    assert one["predicted_time_s"] - one["predicted_kernel_time_s"] > 95.7e-6
+
+
+def test_bad_calls_are_one_line(tmp_path, capsys):
+    doc = json.loads(SHIPPED.read_text())
+    doc["runs"] = [{**doc["runs"][0], "calls": "many"}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs[0]: field 'calls' = 'many' must be one of one, back-to-back" in err
