@@ -21,8 +21,15 @@ method it used in the output file:
   requires-grad op less launch_s.
 - host_autograd (PyTorch): host seconds of `.backward()` of a chain of k multiplications by a
   scalar (k MulBackward0 nodes, each launching one kernel, and the leaf's AccumulateGrad), for
-  k = 1..max_nodes; a least-squares line through the medians: backward_start_s = the intercept,
-  autograd_node_s = the slope less launch_s.
+  k = 1..max_nodes; a least-squares line through the medians: the intercept is the engine's
+  whole fixed cost (the call, the hand-over to the device thread, the hand-back, the leaf's
+  AccumulateGrad), autograd_node_s = the slope less launch_s.
+- host_autograd_first_kernel (PyTorch): when a backward's first kernel starts. y = x * 1.5 on a
+  large CUDA tensor, so that MulBackward0's one kernel (grad * 1.5) runs longer than the host's
+  rest of the call; CUDA events around y.backward(g) less that kernel's own time (the same
+  product timed alone) give pre_kernel_s = the engine's start + one node + its launch. Then
+  backward_start_s = pre_kernel_s - host_autograd's slope, and backward_end_s = the intercept
+  less backward_start_s (without this entry: backward_start_s = the intercept, backward_end_s 0).
 - block_dispatch: one launch of `waves` x 2 blocks an SM (1024 threads a block, so an SM holds
   two), each block stamping %globaltimer and %smid at its entry and then spinning: the first
   wave's entries spread over the time the block scheduler takes to hand out a wave. Not a HostSpec
@@ -56,7 +63,9 @@ DERIVATION = {
     "launch_gap_s": "host_launch_gap.gap_s (CUDA events per queued kernel less its own %globaltimer time)",
     "eager_op_s": "host_torch_dispatch.add_requires_grad_s - launch_s",
     "autograd_node_s": "host_autograd.slope_s - launch_s",
-    "backward_start_s": "host_autograd.intercept_s",
+    "backward_start_s": "host_autograd_first_kernel.pre_kernel_s - host_autograd.slope_s (without that entry: "
+                        "host_autograd.intercept_s, the whole fixed cost)",
+    "backward_end_s": "host_autograd.intercept_s - backward_start_s (without host_autograd_first_kernel: 0)",
     "queue_launches": "host_queue.queue_launches",
 }
 
@@ -162,8 +171,12 @@ def host_fields(results: dict) -> dict:
     slope, intercept = get("host_autograd", "slope_s"), get("host_autograd", "intercept_s")
     if slope is not None and launch is not None:
         out["autograd_node_s"] = slope - launch
-    if intercept is not None:
-        out["backward_start_s"] = intercept
+    pre = get("host_autograd_first_kernel", "pre_kernel_s")
+    if intercept is not None and pre is not None and slope is not None:
+        out["backward_start_s"] = pre - slope               # the engine's start: pre-kernel less one node
+        out["backward_end_s"] = intercept - out["backward_start_s"]
+    elif intercept is not None:
+        out["backward_start_s"] = intercept                 # the whole, as the public figures count it
     queue = get("host_queue", "queue_launches")
     if queue is not None:
         out["queue_launches"] = queue
@@ -360,6 +373,36 @@ def autograd_fit(torch, max_nodes: int = 32, repeats: int = 20) -> dict:
                       "start, the call and AccumulateGrad) and slope_s (one node with its launch)"}
 
 
+def autograd_first_kernel(torch, numel: int = 1 << 26, repeats: int = 20) -> dict:
+    """pre_kernel_s: from y.backward(g)'s call to its first kernel's start (module docstring)."""
+    x = torch.zeros(numel, device="cuda", requires_grad=True)
+    g = torch.ones(numel, device="cuda")
+    y = x * 1.5
+
+    def events(call) -> list:
+        out = []
+        for r in range(repeats + 1):
+            x.grad = None
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            if r:
+                out.append(start.elapsed_time(end) * 1e-3)
+        return out
+    kernel = events(lambda: g * 1.5)                        # MulBackward0's kernel, alone
+    backward = events(lambda: y.backward(g, retain_graph=True))
+    kernel_s, backward_s = statistics.median(kernel), statistics.median(backward)
+    return {"numel": numel, "repeats": repeats, "kernel_s": kernel_s, "backward_s": backward_s,
+            "pre_kernel_s": backward_s - kernel_s,
+            "method": "CUDA events around y.backward(g, retain_graph=True), y = x * 1.5 on a float32 CUDA tensor "
+                      f"of {numel} elements (x.grad reset to None), less the events around g * 1.5 alone (the "
+                      "backward's one kernel); medians: the engine's start, one node and its launch, the kernel "
+                      "long enough that the host's hand-back ends before it does"}
+
+
 def sdpa_tiny(torch, shapes=SDPA_SHAPES, repeats: int = 20) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     runs = []
@@ -426,6 +469,6 @@ def measure(repeats: int = 10) -> dict:
                                       repeats=repeats)}
     torch, why = _torch()
     for name, f in (("host_torch_dispatch", torch_dispatch), ("host_autograd", autograd_fit),
-                    ("host_sdpa", sdpa_tiny)):
+                    ("host_autograd_first_kernel", autograd_first_kernel), ("host_sdpa", sdpa_tiny)):
         res[name] = {"skipped": why} if torch is None else _guarded(name, f, torch, repeats=repeats)
     return res

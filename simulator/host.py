@@ -12,15 +12,17 @@ The model (one stream, kernels in program order), with the start marker at t = 0
            h_i >= start_{i - queue_launches}                 (a full launch queue blocks the host)
     GPU:   start_i = max(h_i, end_{i-1} + launch_gap_s)      (the first kernel: max(h_1, 0))
            end_i = start_i + device_s_i
-    the pass's event time = end_n; its kernel time = sum(device_s_i).
+    the pass's event time = max(end_n, h_n + (backward_end_s in a backward)); its kernel time = sum(device_s_i).
 Calls run back to back (a benchmark loop between two synchronises: torch.utils.benchmark's
 timeit, as the FlashAttention papers time) overlap one call's host work with the previous call's
 kernels, so a call takes its period: max(sum(device_s_i) + launches x launch_gap_s, the host's
 busy time a call); the GPU waits only when the host is the slower of the two.
 A backward first pays `backward_start_s`, the autograd engine's fixed cost of a call on CUDA
 tensors (the Python call, the graph walk, handing the graph to the device's worker thread and,
-after the last node, back: no public figure splits the two hand-overs, so the whole is paid before
-the first node, which is what the stopwatch of a short backward sees). The caller's own ops
+after the last node, back), and after its last launch `backward_end_s` (no public figure splits
+the two hand-overs, so the public figures put the whole before the first node, an upper bound on
+what the stopwatch of a long backward sees; `hbmsim microbench --host` measures the split). The
+caller's own ops
 around the library call (`caller_ops`: a timing harness's transposes before SDPA, say) are paid
 before the pass's first launch. Device work that no launch starts (the L2's write-back of dirty
 lines at a pass's end) follows the last kernel.
@@ -40,6 +42,7 @@ class HostSpec:
     eager_op_s: float = 6.8e-6        # one eager PyTorch op with autograd recording, its launch excluded
     autograd_node_s: float = 6.8e-6   # one node of autograd's backward (no direct figure: as an eager op)
     backward_start_s: float = 95.7e-6 # the autograd engine's fixed cost of a backward call on CUDA tensors
+    backward_end_s: float = 0.0       # of which after the last node (the hand-back): 0, all of it counted before
     queue_launches: int = 1000        # launches the host may queue ahead of the GPU before a launch blocks
 
 
@@ -57,6 +60,9 @@ SOURCES = {
                         "GEMMs, two in-place adds: 4 x 5 us) leave 95.7 us for the engine. (On CPU tensors, "
                         "pytorch/pytorch#47592: autograd.grad(a*b) 26.6 us a call, 13 us for the engine: no "
                         "device thread to hand the graph to.)",
+    "backward_end_s": "no public figure splits the engine's cost between the hand-over before the first node and "
+                      "the hand-back after the last: 0 here, the whole in backward_start_s, until `hbmsim microbench "
+                      "--host` measures the split (host_autograd_first_kernel)",
     "queue_launches": "NVIDIA developer forum (R. Crovella, threads 68937 and 199567): about 1000 launches queue "
                       "per stream before a launch becomes synchronous",
 }
@@ -77,7 +83,7 @@ class HostStep:
 class PassTimes:
     kernel_time_s: float     # the kernels' device time, summed (what a profiler's kernel rows see)
     time_s: float            # what a stopwatch around the pass sees
-    host_s: float            # the host's busy time (ops and launches)
+    host_s: float            # the host's busy time (ops and launches; in a backward the engine's start and end)
     starts_s: tuple          # each kernel's start, from the start marker
     host_issue_s: tuple      # when the host finished launching each kernel
     period_s: float = 0.0    # a call's time when calls run back to back: max(kernels and their gaps, host_s)
@@ -106,9 +112,9 @@ def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST, calle
         end = start + step.device_s
         launched += 1
     kernel_s = sum(s.device_s for s in steps)
-    busy = h
+    busy = h + (host.backward_end_s if backward else 0.0)     # the engine hands back after the last node
     period = max(kernel_s + launched * host.launch_gap_s, busy)
-    return PassTimes(kernel_s, max(end, h), busy, tuple(starts), tuple(issues), period)
+    return PassTimes(kernel_s, max(end, busy), busy, tuple(starts), tuple(issues), period)
 
 
 def host_from_measured(path, defaults: HostSpec | None = None) -> HostSpec:
@@ -136,6 +142,9 @@ def host_from_measured(path, defaults: HostSpec | None = None) -> HostSpec:
     values = {}
     for name in HostSpec.__dataclass_fields__:
         where = f"host: {str(p)!r}: field 'host_spec.{name}'"
+        if name == "backward_end_s" and spec.get(name) is None:
+            values[name] = 0.0            # not split (host_microbench.host_fields): the whole is backward_start_s
+            continue
         if name not in spec or spec[name] is None:
             if defaults is None:
                 raise HbmsimError(f"{where} is missing (not measured: see the file's results for why)")

@@ -70,6 +70,16 @@ def test_a_backward_call_costs_the_host_what_pytorch_157407_measured():
     assert DEFAULT_HOST.backward_start_s == pytest.approx(136.07 * US - 3 * 6.8 * US - 4 * 5 * US, abs=0.05 * US)
 
 
+def test_the_engines_hand_back_ends_a_short_backward():
+    # start 50 us, the node 6.8 and its launch 5: a 1 us kernel ends at 62.8 us, but the host returns
+    # (and records the end event) 40 us after its launch, at 101.8; a 200 us kernel hides it (261.8 us)
+    host = HostSpec(backward_start_s=50 * US, backward_end_s=40 * US)
+    assert pass_times([HostStep(1 * US)], backward=True, host=host).time_s == pytest.approx(101.8 * US)
+    assert pass_times([HostStep(200 * US)], backward=True, host=host).time_s == pytest.approx(261.8 * US)
+    assert pass_times([HostStep(1 * US)], backward=False, host=host).time_s == pytest.approx(12.8 * US)
+    assert DEFAULT_HOST.backward_end_s == 0.0
+
+
 def test_device_work_without_a_launch_follows_the_last_kernel():
     t = pass_times([HostStep(100 * US), HostStep(3 * US, ops=0, launched=False)], backward=False)
     assert t.time_s == pytest.approx(114.8 * US) and t.kernel_time_s == pytest.approx(103 * US)

@@ -51,6 +51,15 @@ def test_host_fields_from_the_entries():
     assert set(H.DERIVATION) == set(HostSpec.__dataclass_fields__)
 
 
+def test_the_engines_start_and_end_split_by_the_first_kernel():
+    # the first kernel starts 20 us after the call: start 10 us + one node with its launch (the slope,
+    # 10 us); the chain's intercept (15 us) less that start leaves 5 us after the last node
+    res = {**RESULTS, "host_autograd_first_kernel": {"pre_kernel_s": 20 * US}}
+    fields = H.host_fields(res)
+    assert fields["backward_start_s"] == pytest.approx(10 * US) and fields["backward_end_s"] == pytest.approx(5 * US)
+    assert "backward_end_s" not in H.host_fields(RESULTS)      # without it: the whole before the first node
+
+
 def test_host_fields_leave_out_what_was_not_measured():
     res = {**RESULTS, "host_torch_dispatch": {"skipped": "PyTorch is not installed"},
            "host_autograd": {"skipped": "PyTorch is not installed"}}
@@ -187,7 +196,7 @@ def test_measure_without_torch_keeps_the_cupy_entries(fake, monkeypatch):
     monkeypatch.setattr(H, "_torch", lambda: (None, "PyTorch is not installed"))
     res = H.measure(repeats=2)
     assert res["host_launch"]["host_s_per_launch"] == pytest.approx(5 * US)
-    for name in ("host_torch_dispatch", "host_autograd", "host_sdpa"):
+    for name in ("host_torch_dispatch", "host_autograd", "host_autograd_first_kernel", "host_sdpa"):
         assert res[name] == {"skipped": "PyTorch is not installed"}
 
 
@@ -225,7 +234,8 @@ def test_microbench_host_writes_the_host_file(tmp_path, monkeypatch, fake, capsy
     assert prov["command"].endswith("--repeats 2 --host") and prov["gpu"] == "Fake GPU"
     assert {"cpu_model", "torch", "python", "date", "driver_version", "cupy"} <= set(prov)
     assert set(doc["results"]) == {"host_launch", "host_launch_gap", "host_queue", "block_dispatch",
-                                   "host_torch_dispatch", "host_autograd", "host_sdpa"}
+                                   "host_torch_dispatch", "host_autograd", "host_autograd_first_kernel",
+                                   "host_sdpa"}
     assert all("method" in v for v in doc["results"].values() if "skipped" not in v)
     assert doc["host_spec_derivation"] == H.DERIVATION
     assert doc["host_spec"] == pytest.approx({"launch_s": 5 * US, "launch_gap_s": 0.9 * US, "queue_launches": 1022})
@@ -275,7 +285,8 @@ def _write(tmp_path, spec=HAND, source="measured", name="host.json"):
 
 
 def test_host_from_a_hand_written_file(tmp_path):
-    assert host_from_measured(_write(tmp_path)) == HostSpec(**HAND)
+    assert host_from_measured(_write(tmp_path)) == HostSpec(**HAND)      # no backward_end_s: 0, the whole before
+    assert host_from_measured(_write(tmp_path, {**HAND, "backward_end_s": 5e-6})).backward_end_s == 5e-6
     assert host_from_measured(str(_write(tmp_path, {**HAND, "queue_launches": 1022.0}))).queue_launches == 1022
 
 
@@ -344,7 +355,7 @@ class FakeTensor:
     def __mul__(self, x):
         return FakeTensor(self.clock, self.device, self.requires_grad, self.depth + 1)
 
-    def backward(self, grad=None):
+    def backward(self, grad=None, retain_graph=False):
         self.clock.t += 15 * US + 12 * US * self.depth
 
 
@@ -402,6 +413,46 @@ def test_torch_entries_and_their_host_fields(fake):
                             "host_autograd": a})
     assert fields == pytest.approx({"launch_s": 4 * US, "eager_op_s": 6 * US, "autograd_node_s": 8 * US,
                                     "backward_start_s": 15 * US})
+
+
+def test_the_first_kernel_of_a_backward_by_hand():
+    """Events read a fake clock: g * 1.5 alone takes 170 us, the backward 198 us: its kernel started 28 us
+    after the call (the engine's start, MulBackward0 and its launch)."""
+    clock = FakeClock()
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock.t
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    class Tensor:
+        grad = None
+
+        def __mul__(self, x):
+            clock.t += 170 * US
+            return Tensor()
+
+        def backward(self, g, retain_graph=False):
+            clock.t += 198 * US
+
+    class Torch:
+        zeros = ones = staticmethod(lambda *a, **kw: Tensor())
+
+        class cuda:
+            Event = FakeEvent
+            synchronize = staticmethod(lambda: None)
+
+    r = H.autograd_first_kernel(Torch(), numel=8, repeats=3)
+    assert r["kernel_s"] == pytest.approx(170 * US) and r["backward_s"] == pytest.approx(198 * US)
+    assert r["pre_kernel_s"] == pytest.approx(28 * US) and "method" in r
 
 
 def _ptx(tmp_path, source, arch: str) -> str:
