@@ -172,8 +172,8 @@ def stopwatch_s(res: dict, caller_ops: tuple, model: TimeModel, calls: str = "on
     timed it (host.pass_times): one call, its host's dispatch before the kernels (`caller_ops` of
     the harness's own first), or calls back to back, each the period of the loop. res's time_s
     where neither changes it or the host effect is off."""
-    if not model.host or (calls == "one" and not any(n for _, n in caller_ops)):
-        return res["time_s"]
+    if not model.host or not any(n for _, n in caller_ops):
+        return res["loop_time_s"] if calls == "back-to-back" else res["time_s"]
     ops = dict(caller_ops)
     total = 0.0
     for p in dict.fromkeys(k["pass"] for k in res["kernels"]):

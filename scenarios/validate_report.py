@@ -103,7 +103,8 @@ def ablation_report(points: list) -> str:
 def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     lines = [f"predicted by hbmsim (time model: {(model or TimeModel()).describe()}) against {', '.join(sources)}",
              "time error = (predicted - measured) / measured; negative: the model is optimistic", "",
-             "event level: the pass's predicted time against the measured pass (CUDA events, or a paper's figure)"]
+             "event level: the pass's predicted time against the measured pass (CUDA events, or a paper's figure),",
+             "  timed as its harness timed it: one synchronised call, or a call of a loop of calls (a paper's)"]
     lines += family_table(family_stats(points))
     errs = [abs(p.error) for p in points]
     lines += ["", f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "

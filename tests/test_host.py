@@ -115,6 +115,11 @@ def test_run_takes_measured_host_fields(tmp_path, capsys):
         runs[name] = json.loads(out.read_text())["runs"][0]
     assert runs["measured"]["kernel_time_s"] == runs["public"]["kernel_time_s"]
     assert runs["measured"]["time_s"] - runs["public"]["time_s"] == pytest.approx(5e-6, rel=1e-6)
+    # a loop of calls: this tiny kernel (2 batch-heads, N = 128) waits for the host's op and launch each
+    # call, 6.8 + 5 us (public figures) or 6.8 + 10 us (measured), whatever the kernel's few microseconds
+    pub = runs["public"]
+    assert pub["kernel_time_s"] < 11.8e-6 and pub["loop_time_s"] == pytest.approx(11.8e-6, rel=1e-9)
+    assert runs["measured"]["loop_time_s"] == pytest.approx(16.8e-6, rel=1e-9)
     assert "host fields measured" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"source": "measured", "host_spec": {"launch_s": -1}}))
