@@ -82,6 +82,8 @@ class Timeline:
                     self._x(f"dispatch + launch {k.name}", "host", PID_HOST, 0, t0 + before, t0 + issued,
                             {"framework_ops": k.host_ops})
                     before = issued
+            if times.host_s > before:                 # a backward's engine hands back after its last node
+                self._x("autograd engine: hand-back", "host", PID_HOST, 0, t0 + before, t0 + times.host_s, {})
             self._x(f"{p}: stopwatch", "host", PID_HOST, 1, t0, t0 + times.time_s,
                     {"time_us": times.time_s * 1e6, "kernel_time_us": times.kernel_time_s * 1e6})
 

@@ -82,3 +82,26 @@ def test_the_host_track_shows_each_launch_and_the_stopwatch(a100):
     assert watch["dur"] == pytest.approx(res.to_dict("forward")["time_s"] * 1e6)
     assert watch["args"]["kernel_time_us"] == pytest.approx(res.time("forward") * 1e6)
     check_schema(tl.to_chrome(a100.sm_count, "t"))
+
+
+def test_the_host_track_shows_the_engines_hand_back(a100):
+    """A measured split of the autograd engine (backward_end_s, host.py) puts its hand-back after the
+    backward's last launch on the host track: 30 us here, and the stopwatch waits for it when the
+    kernels end sooner (a tiny backward)."""
+    import dataclasses
+
+    from hbmsim.algorithms.flash2_backward import flash2_training
+    from hbmsim.simulator import TimeModel
+    from hbmsim.simulator.host import DEFAULT_HOST
+    host = dataclasses.replace(DEFAULT_HOST, backward_start_s=50e-6, backward_end_s=30e-6)
+    tl = Timeline()
+    res = simulate(a100, flash2_training(Workload(1, 1, 64, 64, 64), 64, 64), recorder=tl,
+                   model=TimeModel(host_spec=host))
+    tl.host(res)
+    (back,) = [e for e in tl.events if e["name"] == "autograd engine: hand-back"]
+    assert back["dur"] == pytest.approx(30.0) and back["tid"] == 0
+    # the host: the engine's start 50 us, the node 6.8 and three launches (5 us each), the hand-back 30:
+    # 101.8 us, after the tiny kernels, so the stopwatch ends with it
+    times = res.pass_times("backward")
+    assert times.host_s == pytest.approx(101.8e-6) and times.time_s == pytest.approx(101.8e-6)
+    check_schema(tl.to_chrome(a100.sm_count, "t"))
