@@ -22,10 +22,9 @@ tensors (the Python call, the graph walk, handing the graph to the device's work
 after the last node, back), and after its last launch `backward_end_s` (no public figure splits
 the two hand-overs, so the public figures put the whole before the first node, an upper bound on
 what the stopwatch of a long backward sees; `hbmsim microbench --host` measures the split). The
-caller's own ops
-around the library call (`caller_ops`: a timing harness's transposes before SDPA, say) are paid
-before the pass's first launch. Device work that no launch starts (the L2's write-back of dirty
-lines at a pass's end) follows the last kernel.
+caller's own ops around the library call (`caller_ops`: a timing harness's transposes before
+SDPA, say) are paid before the pass's first launch. Device work that no launch starts (the L2's
+write-back of dirty lines at a pass's end) follows the last kernel.
 
 The fields are public figures, cited in SOURCES; `hbmsim microbench` measures them on a GPU.
 Nothing here is fitted to a measured pass time.
