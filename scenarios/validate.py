@@ -24,8 +24,10 @@ configuration is also simulated with each effect of the time model switched off 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -56,6 +58,7 @@ class Point:
     predicted_kernel_s: float | None = None    # the pass's kernels' device time, predicted
     measured_kernel_s: float | None = None     # the same from the run's kernel rows (None: it has none)
     kernels: tuple = ()    # ((group, predicted device s, measured device s), ...): kernel_rows.compare_kernels
+    repeats: tuple | None = None   # (min, median, max) of the run's timed repeats ("times_s"), where it keeps them
 
     @property
     def error(self) -> float:
@@ -79,6 +82,7 @@ class Job:
                            # kernel (caller_ops_of)
     calls: str = "one"     # how the run's calls were timed: "one" (a stopwatch around one synchronised
                            # call) or "back-to-back" (a loop of calls between two synchronises: calls_of)
+    repeats: tuple | None = None   # (min, median, max) of the run's repeats (repeats_of)
 
 
 def _passes(pass_name: str, where: str) -> tuple:
@@ -153,6 +157,21 @@ def caller_ops_of(where: str, r: dict, provenance: dict) -> tuple:
     return tuple(sorted(ops.items()))
 
 
+def repeats_of(where: str, r: dict) -> tuple | None:
+    """(min, median, max) of the run's timed repeats ("times_s": this project's files keep the 30
+    CUDA-event times whose mean is "time_s"), or None where it keeps fewer than two; a repeat that
+    is not a finite number > 0 is one line."""
+    times = r.get("times_s")
+    if times is None:
+        return None
+    if not isinstance(times, list):
+        raise HbmsimError(f"{where}: field 'times_s' = {times!r} must be a list of seconds")
+    for k, t in enumerate(times):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise HbmsimError(f"{where}: field 'times_s[{k}]' = {t!r} must be a finite number > 0 (seconds)")
+    return (min(times), statistics.median(times), max(times)) if len(times) >= 2 else None
+
+
 CALLS = ("one", "back-to-back")
 
 
@@ -206,7 +225,7 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
                 index[key] = len(configs)
                 configs.append(cfg)
             jobs.append(Job(index[key], r, cfg.where, caller_ops_of(cfg.where, r, measured.provenance),
-                            calls_of(cfg.where, r)))
+                            calls_of(cfg.where, r), repeats_of(cfg.where, r)))
     if not jobs:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     return configs, jobs
@@ -268,7 +287,7 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None,
     predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls)
     return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, predicted_s, r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
-                 tuple(groups or ()))
+                 tuple(groups or ()), job.repeats)
 
 
 def validate(refs: list, only: str | None = None, max_seq_len: int | None = None,

@@ -109,6 +109,7 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     errs = [abs(p.error) for p in points]
     lines += ["", f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "
                   f"worst {100 * max(errs):.0f}%"]
+    lines += repeats_lines(points)
     kernel_stats = family_stats(points, lambda p: p.kernel_error)
     if kernel_stats:
         kerrs = [abs(p.kernel_error) for p in points if p.kernel_error is not None]
@@ -129,6 +130,20 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     return "\n".join(lines)
 
 
+def repeats_lines(points: list) -> list:
+    """What the measurement's own spread says of the errors, for the runs that keep their repeats:
+    how many predictions fall within the repeats' range, and the errors against their median (the
+    mean, which the tables use, takes in every outlier repeat)."""
+    kept = [p for p in points if p.repeats]
+    if not kept:
+        return []
+    inside = sum(lo <= p.predicted_s <= hi for p in kept for lo, _, hi in [p.repeats])
+    med = [abs(p.predicted_s - p.repeats[1]) / p.repeats[1] for p in kept]
+    return [f"the {len(kept)} runs that keep their repeats: {inside} predictions within the repeats' range "
+            f"(min..max); against the repeats' median instead of their mean: median |time error| "
+            f"{100 * statistics.median(med):.0f}%, worst {100 * max(med):.0f}%"]
+
+
 def plot(points: list, path: str | Path, source: str, model: TimeModel | None = None,
          kind: str = "published measurement") -> Path:
     """Predicted (x) against measured (y) time, log-log, with y = x; one colour per
@@ -141,16 +156,25 @@ def plot(points: list, path: str | Path, source: str, model: TimeModel | None = 
     impls = list(dict.fromkeys(p.family[0] for p in points))
     shapes = list(dict.fromkeys(p.family[1:] for p in points))     # one marker per (GPU, pass)
     for fam in dict.fromkeys(p.family for p in points):
+        colour = colours[impls.index(fam[0]) % len(colours)]
         pts = [(p.predicted_s * 1e3, p.measured_s * 1e3) for p in points if p.family == fam]
-        ax.scatter(*zip(*pts), color=colours[impls.index(fam[0]) % len(colours)],
-                   marker=markers[shapes.index(fam[1:]) % len(markers)], alpha=0.8,
+        ax.scatter(*zip(*pts), color=colour, marker=markers[shapes.index(fam[1:]) % len(markers)], alpha=0.8,
                    label=f"{fam[0]} on {fam[1]}, {fam[2]} ({len(pts)})")
-    values = [v for p in points for v in (p.predicted_s * 1e3, p.measured_s * 1e3)]
+        spread = [p for p in points if p.family == fam and p.repeats]
+        if spread:                              # the measurement's repeats, min..max, around its mean
+            ax.errorbar([p.predicted_s * 1e3 for p in spread], [p.measured_s * 1e3 for p in spread],
+                        yerr=[[(p.measured_s - p.repeats[0]) * 1e3 for p in spread],
+                              [(p.repeats[2] - p.measured_s) * 1e3 for p in spread]],
+                        fmt="none", ecolor=colour, alpha=0.4, elinewidth=0.8)
+    values = [v for p in points for v in (p.predicted_s * 1e3, p.measured_s * 1e3) + (
+        (p.repeats[0] * 1e3, p.repeats[2] * 1e3) if p.repeats else ())]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (prediction exact)")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted by hbmsim (ms)",
            ylabel=f"{kind} (ms)")
     fast = "fast mode, folded; " if any(p.simulated_fraction < 1 for p in points) else ""
+    if any(p.repeats for p in points):
+        source += " (bars: the measured repeats, min..max, around their mean)"
     ax.set_title(textwrap.fill(f"Time per run: predicted by hbmsim ({fast}time model: "
                                f"{(model or TimeModel()).describe()}) vs {kind}", 90)
                  + "\n" + textwrap.fill(source, 90), fontsize=9)
@@ -170,6 +194,8 @@ def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str
          "error": p.error, "simulated_fraction": p.simulated_fraction,
          "predicted_kernel_time_s": p.predicted_kernel_s, "measured_kernel_time_s": p.measured_kernel_s,
          "kernel_error": p.kernel_error,
+         **({"measured_repeats_s": {"min": p.repeats[0], "median": p.repeats[1], "max": p.repeats[2]}}
+            if p.repeats else {}),
          "kernel_groups": [{"group": g, "predicted_time_s": pr, "measured_time_s": me} for g, pr, me in p.kernels],
          **({"ablation_time_s": p.ablation} if p.ablation else {})} for p in points]},
         indent=1) + "\n"

@@ -89,6 +89,8 @@ def test_family_stats_by_hand():
     (lambda r: r.update(hardware_overrides={"clock_ghz": 1.83}), "runs[0]: hardware_overrides: unknown hardware "
                                                                   "field 'clock_ghz'"),
     (lambda r: r.update(hardware_overrides=1830), "field 'hardware_overrides' = 1830 must be a table"),
+    (lambda r: r.update(times_s=[1e-3, float("nan")]), "field 'times_s[1]' = nan must be a finite number > 0"),
+    (lambda r: r.update(times_s=1e-3), "field 'times_s' = 0.001 must be a list of seconds"),
 ])
 def test_bad_measured_file_is_one_line(tmp_path, capsys, change, message):
     doc = json.loads(SHIPPED.read_text())
@@ -286,10 +288,15 @@ def test_kernel_level_is_reported_for_files_with_kernel_rows(tmp_path, capsys):
                  "--max-seq-len", "512", "--quiet", "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
     assert "kernel level:" in text and "fa2 h100-sxm5-80gb forward: forward" in text
+    # the measurement's own spread: the 4 forward runs keep their 30 repeats (the sums keep none)
+    assert "the 4 runs that keep their repeats:" in text
     for p in json.loads(out_json.read_text())["points"]:
         if p["pass"] == "forward+backward":
             assert p["measured_kernel_time_s"] is None          # the file has no rows for the sum
+            assert "measured_repeats_s" not in p
             continue
+        rep = p["measured_repeats_s"]
+        assert rep["min"] <= rep["median"] <= rep["max"] and rep["min"] <= p["measured_time_s"] <= rep["max"]
         assert p["kernel_error"] == pytest.approx(
             (p["predicted_kernel_time_s"] - p["measured_kernel_time_s"]) / p["measured_kernel_time_s"])
         # the stopwatch sees the kernels and the host's dispatch before them
