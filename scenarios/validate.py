@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from hbmsim.kernels.implementations import IMPLEMENTATIONS
 from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
-from hbmsim.simulator.host import DEFAULT_HOST, HostStep, pass_times
+from hbmsim.simulator.host import DEFAULT_HOST, HostStep, call_time_s
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
@@ -188,18 +188,15 @@ def calls_of(where: str, r: dict) -> str:
 
 def stopwatch_s(res: dict, caller_ops: tuple, model: TimeModel, calls: str = "one") -> float:
     """The predicted time of a result `res` (a pass, or forward+backward) as the run's harness
-    timed it (host.pass_times): one call, its host's dispatch before the kernels (`caller_ops` of
-    the harness's own first), or calls back to back, each the period of the loop. res's time_s
-    where neither changes it or the host effect is off."""
-    if not model.host or not any(n for _, n in caller_ops):
-        return res["loop_time_s"] if calls == "back-to-back" else res["time_s"]
-    ops = dict(caller_ops)
-    total = 0.0
-    for p in dict.fromkeys(k["pass"] for k in res["kernels"]):
-        steps = [HostStep(k["time_s"], k["host_ops"], k["launched"]) for k in res["kernels"] if k["pass"] == p]
-        t = pass_times(steps, p == "backward", model.host_spec or DEFAULT_HOST, ops.get(p, 0))
-        total += t.period_s if calls == "back-to-back" else t.time_s
-    return total
+    timed it (host.call_time_s over its kernels): one call, its host's dispatch before the kernels
+    (`caller_ops` of the harness's own first), or calls back to back, each the period of the loop;
+    the kernels' time alone (res's time_s) when the host effect is off."""
+    if not model.host:
+        return res["time_s"]
+    steps: dict = {}
+    for k in res["kernels"]:
+        steps.setdefault(k["pass"], []).append(HostStep(k["time_s"], k["host_ops"], k["launched"]))
+    return call_time_s(steps, model.host_spec or DEFAULT_HOST, dict(caller_ops), loop=calls == "back-to-back")
 
 
 def configs_of(path: str, runs: list, only: str | None = None, max_seq_len: int | None = None) -> list:

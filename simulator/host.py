@@ -116,6 +116,16 @@ def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST, calle
     return PassTimes(kernel_s, max(end, busy), busy, tuple(starts), tuple(issues), period)
 
 
+def call_time_s(passes: dict, host: HostSpec = DEFAULT_HOST, caller_ops: dict | None = None,
+                loop: bool = False) -> float:
+    """A call's time over its passes ({pass name: [HostStep, ...]}, each pass its own stopwatch,
+    summed): one synchronised call (PassTimes.time_s), or with `loop` a call of a loop of calls
+    (PassTimes.period_s); `caller_ops` ({pass: ops}) the caller's own ops before each pass."""
+    ops = caller_ops or {}
+    times = (pass_times(steps, name == "backward", host, ops.get(name, 0)) for name, steps in passes.items())
+    return sum(t.period_s if loop else t.time_s for t in times)
+
+
 def host_from_measured(path, defaults: HostSpec | None = None) -> HostSpec:
     """A HostSpec from a measured file's "host_spec" (`hbmsim microbench`, kernels/host_microbench.py).
     Each field must be there (or, with `defaults`, is taken from it), a finite number >= 0, and

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .host import HostSpec, HostStep, PassTimes, pass_times
+from .host import HostSpec, HostStep, PassTimes, call_time_s, pass_times
 
 
 @dataclass
@@ -137,18 +137,24 @@ class SimResult:
         """The kernels' device time (what a profiler's kernel rows add up to): back to back."""
         return sum(k.time_s for k in self.select(pass_name))
 
+    def host_steps(self, pass_name: str | None = None) -> dict:
+        """{pass: [HostStep, ...]}: the host's view of the kernels (host.py), pass by pass."""
+        out: dict = {}
+        for k in self.select(pass_name):
+            out.setdefault(k.pass_name, []).append(HostStep(k.time_s, k.host_ops, k.launched))
+        return out
+
     def pass_times(self, pass_name: str) -> PassTimes:
         """The stopwatch's view of one pass (host.py): its kernels behind the host's dispatch."""
-        steps = [HostStep(k.time_s, k.host_ops, k.launched) for k in self.select(pass_name)]
-        return pass_times(steps, backward=pass_name == "backward", host=self.host or HostSpec())
+        return pass_times(self.host_steps(pass_name).get(pass_name, []), backward=pass_name == "backward",
+                          host=self.host or HostSpec())
 
     def event_time(self, pass_name: str | None = None) -> float:
         """What a stopwatch around the pass sees (each pass of a training step its own stopwatch,
         summed for the whole step); the kernels' time alone when the host effect is off."""
         if self.host is None:
             return self.time(pass_name)
-        passes = dict.fromkeys(k.pass_name for k in self.select(pass_name))
-        return sum(self.pass_times(p).time_s for p in passes)
+        return call_time_s(self.host_steps(pass_name), self.host)
 
     def loop_time(self, pass_name: str | None = None) -> float:
         """What a call takes when calls run back to back (a benchmark loop between two synchronises:
@@ -157,8 +163,7 @@ class SimResult:
         is off."""
         if self.host is None:
             return self.time(pass_name)
-        passes = dict.fromkeys(k.pass_name for k in self.select(pass_name))
-        return sum(self.pass_times(p).period_s for p in passes)
+        return call_time_s(self.host_steps(pass_name), self.host, loop=True)
 
     def tensors(self, pass_name: str | None = None) -> dict:
         out: dict = {}
