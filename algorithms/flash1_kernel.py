@@ -168,10 +168,11 @@ def key_blocks(wl: Workload, block_kv: int) -> list:
 # ---- forward --------------------------------------------------------------------------------------
 
 def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: AttentionData | None = None) -> Program:
-    """(Its 16-row query steps are never coarsened in fast mode: each waits for its own Q, o_tmp and
-    lse loads, with no prefetch, and four at once ran 13% fast against the full simulation. Without
-    a mask its key blocks 1 .. n-2 are alike, and fast mode skips a stretch of them once every
-    block's are steady: simulator/loop_fold.py.)"""
+    """The v1.0.9 forward, a block per (batch-head, split). (Its 16-row query steps are not
+    coarsened in fast mode: with the loads a step ahead, two to eight steps at once ran within
+    0.1-1.6% of the full simulation but hardly faster, the tiles' own bookkeeping being most of
+    the cost. Without a mask its key blocks 1 .. n-2 are alike, and fast mode skips a stretch of
+    them once every block's are steady: simulator/loop_fold.py.)"""
     if block_kv < 1 or num_splits < 1:
         raise HbmsimError(f"flash1_kernel: block_kv {block_kv} and num_splits {num_splits} must be >= 1")
     g_count, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
@@ -188,6 +189,14 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     numeric = data is not None
     all_cols, one = slice(0, d), slice(0, 1)
     steady = not wl.causal and len(kblocks) > 3
+    W = FWD_WARPS_N
+
+    def rows_of(i):
+        return slice(i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP))
+
+    def step_loads(g, j, i):
+        """What step i reads before its first GEMM: Q_i, and for key blocks after the first lse_i."""
+        return ((Q[g], rows_of(i), all_cols),) + (((LSE[g], rows_of(i), one),) if j > 0 else ())
 
     def block(ctx, index):
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
@@ -208,38 +217,45 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 continue                              # this split has no step here: no K/V load
             nc = c1 - c0
             cols = slice(c0, c1)
-            k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
+            # K_j, V_j and the first step's Q (and, !Is_first, its lse) load together
+            # (fmha_fprop_kernel_1xN.h:321-332); each later step's Q (double-buffered in smem) and
+            # lse (registers) are loaded during the step before (:403-408, :436-441), and a step's
+            # fp32 partial output o_tmp is loaded after its first GEMM and used by its last phase (:401).
+            k, v, *ahead = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols),
+                                                     (V[wl.kv_group(g)], cols, all_cols),
+                                                     *step_loads(g, j, first))
             # K_j, V_j go smem -> registers once per key block (K and V held in registers).
             yield from ctx.compute(sram_bytes=2 * nc * d * itemsize)
+            nxt = None
             for i in range(first, n_steps, S):
-                r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
-                rows, n = slice(r0, r1), r1 - r0
-                if j == 0:
-                    (q,) = yield from ctx.load_tiles((Q[g], rows, all_cols))
-                    o_prev = lse_prev = None
-                else:                                 # !Is_first: the fp32 partial output and lse
-                    q, o_prev, lse_prev = yield from ctx.load_tiles(
-                        (Q[g], rows, all_cols), (OT[g], rows, all_cols), (LSE[g], rows, one))
+                rows = rows_of(i)
+                r0, r1 = rows.start, rows.stop
+                n = r1 - r0
+                if i > first:
+                    ahead = yield from ctx.wait(nxt)
+                nxt = ctx.prefetch(*step_loads(g, j, i + S)) if i + S < n_steps else None
+                o_tmp = ctx.prefetch((OT[g], rows, all_cols)) if j > 0 else None     # !Is_first
                 # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
                 # per score and two per row (the running max's rescales); SRAM: every warp reads
                 # all of Q_i (K sits in registers), and the row max and row sum are each reduced
                 # across the warps through shared memory (W partials of n fp32 written and read).
-                W = FWD_WARPS_N
                 yield from ctx.compute_chain(
                     dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
                          sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
                     # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
-                    dict(matmul_flops=2 * n * nc * d),
-                    # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
-                    # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
-                    # to rescale the loaded o_tmp and normalise the output
-                    dict(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4))
+                    dict(matmul_flops=2 * n * nc * d))
+                (o_prev,) = (yield from ctx.wait(o_tmp)) if o_tmp is not None else (None,)
+                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
+                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
+                # to rescale the loaded o_tmp and normalise the output
+                yield from ctx.compute(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4)
                 o_new = lse_new = None
                 if numeric:
+                    q = ahead[0]
                     if j == 0:
                         o_prev, l_prev, m_prev = np.zeros((n, d)), np.zeros(n), np.full(n, -np.inf)
                     else:                             # (o, lse) is the state (o, l = 1, m = lse)
-                        m_prev = lse_prev[:, 0]
+                        m_prev = ahead[1][:, 0]
                         l_prev = np.where(np.isfinite(m_prev), 1.0, 0.0)
                     o_new, l_new, m_new = online_softmax_update(
                         masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1), v, o_prev, l_prev, m_prev,

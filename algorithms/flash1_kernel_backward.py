@@ -57,11 +57,32 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
         return slice(r0, r1), r0, r1, r1 - r0
 
+    def step_loads(g, i):
+        """The tiles a 16-row step reads: Q_i, dO_i, lse_i, D_i."""
+        rows = step_rows(i)[0]
+        return (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (D[g], rows, one)
+
+    def loop_loads(g, j, i):
+        """What step i of key block j reads ahead in the one-block-per-batch-head kernel: Q_i, dO_i,
+        lse_i, and O_i for the first key block (which computes D_i) or D_i for the others."""
+        rows = step_rows(i)[0]
+        return (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), \
+            ((O[g], rows, all_cols) if j == 0 else (D[g], rows, one))
+
+    def put_d(ctx, g, i, d_o, o):
+        """D_i = rowsum(dO_i o O_i) (2*n*d FLOPs: multiply + row sum), written to softmax_d and
+        read back (:369, :650, :672): returns the read's handle, to `wait` for where D_i is used."""
+        rows, _, _, n = step_rows(i)
+        yield from ctx.compute(vector_flops=2 * n * d)
+        yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
+        return ctx.prefetch((D[g], rows, one))
+
     def read_lens(ctx, g):
         return (yield from load_kv_len(ctx, tensors, wl, g))
 
-    def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector):
-        """One (key block, query step) of the backward: FLOPs, then the numeric gradients."""
+    def tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, extra_vector, between=None):
+        """One (key block, query step) of the backward: FLOPs, then the numeric gradients (dQ_i,
+        dK_j, dV_j parts) and what `between` (run after the GEMMs, before the dQ reduction) returned."""
         n, nc = r1 - r0, c1 - c0
         # FLOPs: five GEMMs of 2*n*nc*d (S = QK^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q,
         # dQ = dS K); vector: recompute P and dS per score (bwd_vector_flops) plus extra_vector.
@@ -69,24 +90,33 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
         # transposed through Smem_tile_s (2*n*nc*e written and read back), K_j/V_j re-read from
         # smem (2*nc*d*e).
         W = BWD_WARPS_N
-        yield from ctx.compute_chain(
-            dict(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
-                 sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
-                 exp_ops=n * nc),                               # recomputing P: an exp per score
-            # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
-            # written to smem_dq and read back, (W-1)*n*d adds
-            dict(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4))
+        gemms = dict(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc) + extra_vector,
+                     sram_bytes=(4 * W * n * d + 2 * n * nc + 2 * nc * d) * itemsize,
+                     exp_ops=n * nc)                            # recomputing P: an exp per score
+        # the split-K reduction of dQ_i, after the GEMM it depends on: W partial n x d fp32
+        # written to smem_dq and read back, (W-1)*n*d adds
+        reduction = dict(vector_flops=(W - 1) * n * d, sram_bytes=2 * W * n * d * 4)
+        got = None
+        if between is None:
+            yield from ctx.compute_chain(gemms, reduction)
+        else:
+            yield from ctx.compute_chain(gemms)
+            got = yield from between()
+            yield from ctx.compute_chain(reduction)
         if not numeric:
-            return None, None, None
+            return None, None, None, got
         p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])
-        return tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0],
-                          None if keep is None else keep[g, r0:r1, c0:c1])
+        return (*tile_grads(wl, scale, q, k, v, d_o, p, big_d[:, 0], None if keep is None else keep[g, r0:r1, c0:c1]),
+                got)
 
-    def load_kv(ctx, g, cols):
-        """K_j and V_j of key block `cols`, and its dK_j, dV_j accumulators (zeros; None without data)."""
-        k, v = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols), (V[wl.kv_group(g)], cols, all_cols))
+    def load_kv(ctx, g, cols, first_step):
+        """K_j and V_j of key block `cols` with the tiles of its first step (`first_step`), loaded
+        together (fmha_dgrad_kernel_1xN_loop.h:308-317: the loads of K, Q, V, dO and O are triggered
+        at once); its dK_j, dV_j accumulators (zeros; None without data); the first step's tiles."""
+        k, v, *first = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols),
+                                                 (V[wl.kv_group(g)], cols, all_cols), *first_step)
         nc = cols.stop - cols.start
-        return (k, v, np.zeros((nc, d)), np.zeros((nc, d))) if numeric else (k, v, None, None)
+        return (k, v, np.zeros((nc, d)), np.zeros((nc, d)), first) if numeric else (k, v, None, None, first)
 
     def bwd_loop(ctx, g):
         """compute_dq_dk_dv_1xN: one block per batch-head walks every key block."""
@@ -96,23 +126,32 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
             if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
                 yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
                 continue
-            k, v, dk_acc, dv_acc = yield from load_kv(ctx, g, cols)
+            k, v, dk_acc, dv_acc, ahead = yield from load_kv(ctx, g, cols, loop_loads(g, j, begin))
+            if j == 0:                                # Is_first: D of the first step before the loop (:369)
+                d_back = yield from put_d(ctx, g, begin, ahead[1], ahead[3])
+            nxt = None
             for i in range(begin, n_steps):
                 rows, r0, r1, n = step_rows(i)
-                if j == 0:                            # Is_first: O read, D = rowsum(dO o O) written
-                    q, d_o, lse, o = yield from ctx.load_tiles(
-                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (O[g], rows, all_cols))
-                    yield from ctx.compute(vector_flops=2 * n * d)        # multiply + row sum
-                    yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
-                    (big_d,) = yield from ctx.load_tiles((D[g], rows, one))   # read back (:369, :672)
-                    dq_prev = None
-                else:
-                    q, d_o, lse, big_d, dq_prev = yield from ctx.load_tiles(
-                        (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one),
-                        (D[g], rows, one), (DQT[g], rows, all_cols))
+                if i > begin and j > 0:
+                    ahead = yield from ctx.wait(nxt)
+                q, d_o, lse, big_d = ahead
+                if j == 0:                            # (its D, read back)
+                    (big_d,) = yield from ctx.wait(d_back)
+                # the next step's tiles load during this one (as in bwd_seqparallel); the fp32
+                # dq_tmp_i is loaded mid-step and used at its end (:624-626)
+                nxt = ctx.prefetch(*loop_loads(g, j, i + 1)) if i + 1 < n_steps else None
+                dq_tmp = ctx.prefetch((DQT[g], rows, all_cols)) if j > 0 else None
+                between = None
+                if j == 0 and nxt is not None:        # Is_first: the next step's D, from its dO and O (:628-631)
+                    def between(nxt=nxt, i=i):
+                        tiles = yield from ctx.wait(nxt)
+                        return tiles, (yield from put_d(ctx, g, i + 1, tiles[1], tiles[3]))
                 # extra vector work: n*d adds of the loaded fp32 dq_tmp (j > 0)
-                dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d,
-                                                            r0, r1, c0, c1, n * d if j > 0 else 0)
+                dq_part, dk_part, dv_part, got = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d,
+                                                                 r0, r1, c0, c1, n * d if j > 0 else 0, between)
+                if got is not None:
+                    ahead, d_back = got
+                (dq_prev,) = (yield from ctx.wait(dq_tmp)) if dq_tmp is not None else (None,)
                 dq = None
                 if numeric:
                     dk_acc += dk_part
@@ -142,14 +181,20 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
             return
         kv_len = yield from read_lens(ctx, g)
-        k, v, dk_acc, dv_acc = yield from load_kv(ctx, g, cols)
-        # (not coarsened in fast mode: each 16-row step waits for its own loads, no prefetch, and
-        # eight steps at once hid seven of those waits: 9-10% faster than the full simulation)
+        # Each step's Q_i, dO_i (double-buffered in smem), lse_i and D_i (registers) are loaded
+        # during the step before (fmha_dgrad_kernel_1xN_loop.h:454-458, 529-537, 625-650, "Trigger
+        # the load for the next ..."); the first step's with K_j and V_j.
+        # (not coarsened in fast mode: with the loads a step ahead, 2-4 steps at once ran within
+        # 0.1% at N >= 8192 but hardly faster, and 4 at N = 1024 +2.2%)
+        k, v, dk_acc, dv_acc, ahead = yield from load_kv(ctx, g, cols, step_loads(g, begin))
+        nxt = None
         for i in range(begin, n_steps):
             rows, r0, r1, n = step_rows(i)
-            q, d_o, lse, big_d = yield from ctx.load_tiles(
-                (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (D[g], rows, one))
-            dq_part, dk_part, dv_part = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, 0)
+            if i > begin:
+                ahead = yield from ctx.wait(nxt)
+            q, d_o, lse, big_d = ahead
+            nxt = ctx.prefetch(*step_loads(g, i + 1)) if i + 1 < n_steps else None
+            dq_part, dk_part, dv_part, _ = yield from tile(ctx, g, kv_len, q, k, v, d_o, lse, big_d, r0, r1, c0, c1, 0)
             if numeric:
                 dk_acc += dk_part
                 dv_acc += dv_part

@@ -64,6 +64,25 @@ def test_backward_by_hand():
     assert counted(fa1_kernel_training(wl, 256, 1, True), "backward") == par
 
 
+def test_loads_are_issued_a_step_ahead():
+    # The v1.0.9 kernels load each 16-row step's Q (and lse; dO, D in the backward) during the
+    # step before (fmha_fprop_kernel_1xN.h:403-441, fmha_dgrad_kernel_1xN_loop.h:454-458, 529-537,
+    # 625-650), so a DRAM latency shorter than a step's compute is paid where nothing runs ahead:
+    # the K_j/V_j loads that start each key block, and the last stores' drain. Same shape as above
+    # (2 key blocks, 32 steps, about 7 us of compute a step on this GPU): a 2 us latency adds
+    # 3 latencies to the forward (2 key blocks + the drain) and 2 to the seq-parallel backward
+    # (its key block's start + the drain), where waiting at every step would add 32 or more.
+    wl, lat = Workload(1, 1, 512, 512, 64), 2e-6
+
+    def kernel_s(latency):
+        gpu = tiny_gpu(sram_bytes_per_sm=1 << 22, sm_count=8, hbm_latency_s=latency)
+        return {k.name: k.time_s for k in simulate(gpu, fa1_kernel_training(wl, 256, 1, True)).kernels}
+
+    slow, fast = kernel_s(lat), kernel_s(1e-9)
+    assert slow["fa1_fwd"] - fast["fa1_fwd"] == pytest.approx(3 * lat, rel=0.01)
+    assert slow["fa1_bwd_seqparallel"] - fast["fa1_bwd_seqparallel"] == pytest.approx(2 * lat, rel=0.01)
+
+
 def test_causal_final_write_on_the_diagonal():
     # N = 512, causal, Bc = 256: block 0 visits all 32 steps, block 1 starts at step 16. Steps
     # 0..15 are final at block 0 (fp16 O), steps 16..31 write fp32 o_tmp and are final at block 1.
