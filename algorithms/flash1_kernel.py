@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program
+from hbmsim.simulator.machine import registers_per_block
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, input_tensors, load_kv_len, masked_scores, online_softmax_update,
@@ -50,6 +51,20 @@ FWD_WARPS_N = 4
 # in every v1.0.9 bwd config): every warp reads all of Q_i and dO_i, and each warp's partial
 # dQ_i = dS K (over its keys) is added up through shared memory (smem_dq = 16 x d x 4 x WARPS_N).
 BWD_WARPS_N = 8
+FWD_THREADS, BWD_THREADS = 32 * FWD_WARPS_N, 32 * BWD_WARPS_N      # Kernel_traits::THREADS
+# Registers a thread of the v1.0.9 kernels as compiled, by (dispatched head dim, Bc): `ptxas -v` of
+# fmha_{fwd,bwd}_hdim{32,64,128}.cu at tag v1.0.9 for sm_80 with CUDA 13.0 and the setup.py's
+# flags (`python scripts/fa1_registers.py CHECKOUT` reproduces the table; sm_90 within a few), the
+# largest over the instantiations the FA2 paper's runs use (fp16, no dropout, no softmax returned;
+# causal or not, and the backward's loop-steps and seq-parallel kernels). The paper's builds used
+# an older CUDA; the kernels at 255 are at the per-thread cap. What
+# cudaOccupancyMaxActiveBlocksPerMultiprocessor counts for the num_splits heuristics
+# (fmha_fwd_launch_template.h:73-76, fmha_bwd_launch_template.h:83-85) and what the `registers`
+# effect holds an SM to: 2 forward blocks an SM at head dims 64 and 128 (shared memory alone
+# would give A100 4), 1 backward block.
+FWD_REGISTERS = {(32, 128): 136, (32, 256): 180, (64, 128): 168, (64, 256): 255, (128, 128): 255}
+BWD_REGISTERS = {(32, 128): 185, (32, 256): 245, (64, 128): 224, (64, 256): 255, (128, 128): 255}
+DOT_DO_O_REGISTERS = 30           # fmha_bwd_dot_do_o_kernel, every head dim and Bc (ptxas, as above)
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -64,6 +79,24 @@ def fa1_kernel_blocks(wl: Workload) -> int:
     if d > 64:
         return 128
     return 128 if wl.seq_len_kv <= 128 else 256      # max_seqlen_k rounds to 128 when <= 128
+
+
+def fa1_registers(wl: Workload, block_kv: int, backward: bool) -> int:
+    """Registers a thread of the kernel fmha_api.cpp dispatches (head dims up to 32, 64 and 128)
+    for Bc = block_kv: FWD_REGISTERS / BWD_REGISTERS; 0 (not known) for another Bc."""
+    hdim = 32 if wl.head_dim <= 32 else 64 if wl.head_dim <= 64 else 128
+    return (BWD_REGISTERS if backward else FWD_REGISTERS).get((hdim, block_kv), 0)
+
+
+def fa1_ctas_per_sm(gpu, wl: Workload, block_kv: int, backward: bool) -> int:
+    """What cudaOccupancyMaxActiveBlocksPerMultiprocessor gives the heuristics: the blocks an SM
+    holds by its block limit, shared memory (the training kernel's for the backward) and registers."""
+    need = fa1_kernel_sram_bytes(wl, block_kv, backward)
+    slots = min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // need)
+    regs = registers_per_block(BWD_THREADS if backward else FWD_THREADS, fa1_registers(wl, block_kv, backward))
+    if regs and gpu.registers_per_sm:
+        slots = min(slots, gpu.registers_per_sm // regs)
+    return max(1, slots)
 
 
 def _eff(n_waves: np.float32) -> np.float32:
@@ -271,5 +304,6 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
 
     allocs = (O, LSE) + ((OT,) if loop else ())
     launch = Launch("fa1_fwd", g_count * S, fa1_kernel_sram_bytes(wl, block_kv, False), block,
-                    allocs=allocs, frees=(OT,) if loop else (), tensor_op=MMA_SYNC)
+                    allocs=allocs, frees=(OT,) if loop else (), tensor_op=MMA_SYNC, threads_per_block=FWD_THREADS,
+                    registers_per_thread=fa1_registers(wl, block_kv, False))
     return Program("flash1_kernel_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

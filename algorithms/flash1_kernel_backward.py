@@ -17,7 +17,8 @@ from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, named, 
                               unseen_kv_block)
 from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, load_kv_len, scaled_keep_mask
-from .flash1_kernel import BWD_WARPS_N, DOT_DO_O_ROWS, QUERY_STEP, fa1_kernel_forward, fa1_kernel_sram_bytes, key_blocks
+from .flash1_kernel import (BWD_THREADS, BWD_WARPS_N, DOT_DO_O_REGISTERS, DOT_DO_O_ROWS, QUERY_STEP, fa1_kernel_forward,
+                            fa1_kernel_sram_bytes, fa1_registers, key_blocks)
 from .workload import AttentionData, Workload, allowed
 
 
@@ -209,20 +210,22 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
 
     # every (batch-head, key block) block alike when no mask changes its steps and the key blocks are
     # whole: what lets the machine fold the launch in fast mode (program.Launch.period; 0: never)
+    regs = fa1_registers(wl, block_kv, True)
     kb_period = 1 if not wl.causal and not wl.key_padding_mask and wl.seq_len_kv % block_kv == 0 else 0
     if bwd_parallel:
         bwd = [
             Launch("fa1_bwd_zero_dq_tmp", g_count * n_chunks, 0, zero_dq_tmp, allocs=(dO, DQT, dQ, dK, dV),
                    pass_name="backward"),
-            Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward"),
+            Launch("fa1_bwd_dot_do_o", g_count * n_chunks, 0, dot_do_o, allocs=(D,), pass_name="backward",
+                   threads_per_block=BWD_THREADS, registers_per_thread=DOT_DO_O_REGISTERS),
             Launch("fa1_bwd_seqparallel", g_count * n_kb, sram, bwd_seqparallel, pass_name="backward",
-                   tensor_op=MMA_SYNC, period=kb_period),
+                   tensor_op=MMA_SYNC, period=kb_period, threads_per_block=BWD_THREADS, registers_per_thread=regs),
             Launch("fa1_bwd_convert_dq", g_count * n_chunks, 0, convert_dq, frees=(DQT, D), pass_name="backward"),
         ]
     else:
         allocs = (dO, D, dQ, dK, dV) + ((DQT,) if DQT is not None else ())
         frees = (D,) + ((DQT,) if DQT is not None else ())
         bwd = [Launch("fa1_bwd", g_count, sram, bwd_loop, allocs=allocs, frees=frees, pass_name="backward",
-                      tensor_op=MMA_SYNC)]
+                      tensor_op=MMA_SYNC, threads_per_block=BWD_THREADS, registers_per_thread=regs)]
     sums, grads = reduce_kv_grads(wl, dK, dV, data)       # kv_heads < heads: dK, dV per query head, summed
     return bwd + sums, {"dQ": dQ, **grads}

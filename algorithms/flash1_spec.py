@@ -10,8 +10,8 @@ from hbmsim.simulator import Program
 from .blocks import AUTO, FlashBlocks, flash_steps, resolve_flash_blocks
 from .flash1 import flash1_forward, flash1_sram_bytes
 from .flash1_backward import flash1_bwd_sram_bytes, flash1_training
-from .flash1_kernel import (QUERY_STEP, fa1_bwd_parallel, fa1_kernel_blocks, fa1_kernel_forward, fa1_kernel_sram_bytes,
-                            fa1_num_splits)
+from .flash1_kernel import (QUERY_STEP, fa1_bwd_parallel, fa1_ctas_per_sm, fa1_kernel_blocks, fa1_kernel_forward,
+                            fa1_kernel_sram_bytes, fa1_num_splits)
 from .flash1_kernel_backward import fa1_kernel_training
 from .io_flash1_kernel import fa1_kernel_backward_io, fa1_kernel_forward_io
 from .io_formulas import flash1_backward_io, flash1_forward_io
@@ -54,16 +54,13 @@ def _resolve(gpu, wl: Workload, m: Flash1Blocks, training: bool) -> tuple:
                      f"{QUERY_STEP} rows")
     bkv = fa1_kernel_blocks(wl) if m.block_kv == AUTO else m.block_kv
 
-    def ctas_per_sm(training_kernel: bool) -> int:
-        # what cudaOccupancyMaxActiveBlocksPerMultiprocessor gives, by shared memory alone
-        need = fa1_kernel_sram_bytes(wl, bkv, training_kernel)
-        return max(1, min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // need))
     splits = m.num_splits
     if splits == AUTO:
-        splits = fa1_num_splits(wl.groups, gpu.sm_count, ctas_per_sm(False), wl.seq_len_q)
+        splits = fa1_num_splits(wl.groups, gpu.sm_count, fa1_ctas_per_sm(gpu, wl, bkv, False), wl.seq_len_q)
     parallel = m.bwd_parallel
     if parallel == AUTO:
-        parallel = fa1_bwd_parallel(wl.groups, gpu.sm_count, ctas_per_sm(True), wl.seq_len_kv, bkv, wl.causal)
+        parallel = fa1_bwd_parallel(wl.groups, gpu.sm_count, fa1_ctas_per_sm(gpu, wl, bkv, True), wl.seq_len_kv, bkv,
+                                    wl.causal)
     return replace(m, block_q=QUERY_STEP, block_kv=bkv, num_splits=splits, bwd_parallel=bool(parallel)), tuple(notes)
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hbmsim.algorithms.flash1_kernel import (QUERY_STEP, fa1_bwd_parallel, fa1_kernel_blocks, fa1_kernel_forward,
-                                             fa1_kernel_sram_bytes, fa1_num_splits)
+from hbmsim.algorithms.flash1_kernel import (QUERY_STEP, fa1_bwd_parallel, fa1_ctas_per_sm, fa1_kernel_blocks,
+                                             fa1_kernel_forward, fa1_kernel_sram_bytes, fa1_num_splits)
 from hbmsim.algorithms.flash1_kernel_backward import fa1_kernel_training
 from hbmsim.algorithms.io_flash1_kernel import fa1_kernel_backward_io, fa1_kernel_forward_io
 from hbmsim.algorithms.reference import attention_backward, attention_forward
@@ -81,6 +81,26 @@ def test_loads_are_issued_a_step_ahead():
     slow, fast = kernel_s(lat), kernel_s(1e-9)
     assert slow["fa1_fwd"] - fast["fa1_fwd"] == pytest.approx(3 * lat, rel=0.01)
     assert slow["fa1_bwd_seqparallel"] - fast["fa1_bwd_seqparallel"] == pytest.approx(2 * lat, rel=0.01)
+
+
+def test_blocks_an_sm_holds_count_registers_as_cuda_does(a100):
+    # cudaOccupancyMaxActiveBlocksPerMultiprocessor, which the num_splits heuristics read, counts
+    # registers. Head dim 128, Bc = 128 on A100: the forward's block takes 41,088 B of shared
+    # memory (2 x 16 x 128 x 2 for Q + 128 x 128 x 2 for K/V + 2 x 16 x 4 for lse), 4 of which fit
+    # in 166,912 B, but its 128 threads at 255 registers take 4 warps x 8,192 (32 x 255 rounded up
+    # to the 256-register unit) = 32,768 of the 65,536: 2 blocks. The backward's 256 threads at
+    # 255: 8 x 8,192 = 65,536: 1.
+    wl = Workload(4, 16, 2048, 2048, 128)
+    assert fa1_kernel_sram_bytes(wl, 128, False) == 41088
+    assert a100.sram_bytes_per_sm // 41088 == 4
+    assert fa1_ctas_per_sm(a100, wl, 128, False) == 2
+    assert fa1_ctas_per_sm(a100, wl, 128, True) == 1
+    launches = {k.name: k for k in fa1_kernel_training(wl, 128, 1, True).launches}
+    assert (launches["fa1_fwd"].threads_per_block, launches["fa1_fwd"].registers_per_thread) == (128, 255)
+    assert (launches["fa1_bwd_seqparallel"].threads_per_block, launches["fa1_bwd_seqparallel"].registers_per_thread) \
+        == (256, 255)
+    # the heuristic then splits 64 batch-heads over 108 SMs x 2 blocks, not x 4
+    assert fa1_num_splits(64, 108, 2, 2048) != fa1_num_splits(64, 108, 4, 2048)
 
 
 def test_causal_final_write_on_the_diagonal():
@@ -231,3 +251,20 @@ def test_sram_bytes():
     assert fa1_kernel_sram_bytes(wl, 256, False) == 4096 + 32768 + 128
     # bwd (d = 64, Bc = 256: V not in registers): 2*4096 + 2*32768 + 16*64*4*8 + 2*16*256*2
     assert fa1_kernel_sram_bytes(wl, 256, True) == 8192 + 65536 + 32768 + 16384
+
+
+def test_the_register_script_reads_ptxas_and_refuses_a_wrong_folder(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "scripts" / "fa1_registers.py"
+    spec = importlib.util.spec_from_file_location("fa1_registers", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    log = ("ptxas info    : Compiling entry function '_Z20fmha_fwd_loop_kernelI18FMHA_kernel_traitsILi128ELi128ELi16E"
+           "Li1ELi4ELj8E6__halfELb0ELb0ELb0EEv17FMHA_fprop_params' for 'sm_80'\n"
+           "ptxas info    : Function properties for _Z20fmha_fwd_loop_kernel...\n"
+           "ptxas info    : Used 254 registers, used 1 barriers, 576 bytes cmem[0]\n")
+    assert list(script.kernels(log)) == [("_Z20fmha_fwd_loop_kernelI18FMHA_kernel_traitsILi128ELi128ELi16E"
+                                          "Li1ELi4ELj8E6__halfELb0ELb0ELb0EEv17FMHA_fprop_params", 254)]
+    assert script.main([str(tmp_path)]) == 2
+    assert "is not a flash-attention v1.0.9 checkout" in capsys.readouterr().err
