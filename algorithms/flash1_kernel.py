@@ -59,7 +59,7 @@ FWD_THREADS, BWD_THREADS = 32 * FWD_WARPS_N, 32 * BWD_WARPS_N      # Kernel_trai
 # causal or not, and the backward's loop-steps and seq-parallel kernels). The paper's builds used
 # an older CUDA; the kernels at 255 are at the per-thread cap. What
 # cudaOccupancyMaxActiveBlocksPerMultiprocessor counts for the num_splits heuristics
-# (fmha_fwd_launch_template.h:73-76, fmha_bwd_launch_template.h:83-85) and what the `registers`
+# (fmha_fwd_launch_template.h:74-79, fmha_bwd_launch_template.h:89-96) and what the `registers`
 # effect holds an SM to: 2 forward blocks an SM at head dims 64 and 128 (shared memory alone
 # would give A100 4), 1 backward block.
 FWD_REGISTERS = {(32, 128): 136, (32, 256): 180, (64, 128): 168, (64, 256): 255, (128, 128): 255}

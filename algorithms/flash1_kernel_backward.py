@@ -72,7 +72,8 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
 
     def put_d(ctx, g, i, d_o, o):
         """D_i = rowsum(dO_i o O_i) (2*n*d FLOPs: multiply + row sum), written to softmax_d and
-        read back (:369, :650, :672): returns the read's handle, to `wait` for where D_i is used."""
+        read back (the first step's at :327 and :369, the next one's at :632-638 and :671-672):
+        returns the read's handle, to `wait` for where D_i is used."""
         rows, _, _, n = step_rows(i)
         yield from ctx.compute(vector_flops=2 * n * d)
         yield from ctx.store(D[g], rows, one, (d_o * o).sum(axis=1, keepdims=True) if numeric else None)
@@ -128,7 +129,7 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
                 yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
                 continue
             k, v, dk_acc, dv_acc, ahead = yield from load_kv(ctx, g, cols, loop_loads(g, j, begin))
-            if j == 0:                                # Is_first: D of the first step before the loop (:369)
+            if j == 0:                                # Is_first: D of the first step before the loop (:327, :369)
                 d_back = yield from put_d(ctx, g, begin, ahead[1], ahead[3])
             nxt = None
             for i in range(begin, n_steps):
@@ -139,11 +140,11 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
                 if j == 0:                            # (its D, read back)
                     (big_d,) = yield from ctx.wait(d_back)
                 # the next step's tiles load during this one (as in bwd_seqparallel); the fp32
-                # dq_tmp_i is loaded mid-step and used at its end (:624-626)
+                # dq_tmp_i is loaded mid-step and used at its end (:628)
                 nxt = ctx.prefetch(*loop_loads(g, j, i + 1)) if i + 1 < n_steps else None
                 dq_tmp = ctx.prefetch((DQT[g], rows, all_cols)) if j > 0 else None
                 between = None
-                if j == 0 and nxt is not None:        # Is_first: the next step's D, from its dO and O (:628-631)
+                if j == 0 and nxt is not None:        # Is_first: the next step's D, from its dO and O (:632-638)
                     def between(nxt=nxt, i=i):
                         tiles = yield from ctx.wait(nxt)
                         return tiles, (yield from put_d(ctx, g, i + 1, tiles[1], tiles[3]))
@@ -183,7 +184,7 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
             return
         kv_len = yield from read_lens(ctx, g)
         # Each step's Q_i, dO_i (double-buffered in smem), lse_i and D_i (registers) are loaded
-        # during the step before (fmha_dgrad_kernel_1xN_loop.h:454-458, 529-537, 625-650, "Trigger
+        # during the step before (fmha_dgrad_kernel_1xN_loop.h:454-458, 529-537, 641, 671-672, "Trigger
         # the load for the next ..."); the first step's with K_j and V_j.
         # (not coarsened in fast mode: with the loads a step ahead, 2-4 steps at once ran within
         # 0.1% at N >= 8192 but hardly faster, and 4 at N = 1024 +2.2%)
