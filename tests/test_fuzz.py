@@ -269,7 +269,7 @@ def configs(draw):
     return Config(gpu, wl, RunSpec(alg, passes, params))
 
 
-@settings(max_examples=600, deadline=None, derandomize=False,
+@settings(max_examples=600, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(configs(), chance(4, 5))
 def test_random_configs_finish_with_closed_form_counts(cfg, count_only):
