@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     src = args.checkout / "csrc" / "flash_attn" / "src"
     cutlass = args.checkout / "csrc" / "flash_attn" / "cutlass" / "include"
+    if shutil.which("nvcc") is None:
+        print("fa1_registers: nvcc is not on PATH (the CUDA toolkit's compiler; no GPU needed)", file=sys.stderr)
+        return 2
     if not (src / "fmha_fwd_hdim128.cu").is_file() or not cutlass.is_dir():
         print(f"fa1_registers: {args.checkout} is not a flash-attention v1.0.9 checkout with its cutlass submodule",
               file=sys.stderr)
