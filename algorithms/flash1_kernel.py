@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program
-from hbmsim.simulator.machine import registers_per_block
+from hbmsim.simulator.machine import Machine
 from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, input_tensors, load_kv_len, masked_scores, online_softmax_update,
@@ -81,6 +81,11 @@ def fa1_kernel_blocks(wl: Workload) -> int:
     return 128 if wl.seq_len_kv <= 128 else 256      # max_seqlen_k rounds to 128 when <= 128
 
 
+def query_step_rows(i: int, nq: int) -> slice:
+    """The rows of 16-row query step i of nq rows (the last may be shorter)."""
+    return slice(i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP))
+
+
 def fa1_registers(wl: Workload, block_kv: int, backward: bool) -> int:
     """Registers a thread of the kernel fmha_api.cpp dispatches (head dims up to 32, 64 and 128)
     for Bc = block_kv: FWD_REGISTERS / BWD_REGISTERS; 0 (not known) for another Bc."""
@@ -89,14 +94,16 @@ def fa1_registers(wl: Workload, block_kv: int, backward: bool) -> int:
 
 
 def fa1_ctas_per_sm(gpu, wl: Workload, block_kv: int, backward: bool) -> int:
-    """What cudaOccupancyMaxActiveBlocksPerMultiprocessor gives the heuristics: the blocks an SM
-    holds by its block limit, shared memory (the training kernel's for the backward) and registers."""
-    need = fa1_kernel_sram_bytes(wl, block_kv, backward)
-    slots = min(gpu.max_blocks_per_sm, gpu.sram_bytes_per_sm // need)
-    regs = registers_per_block(BWD_THREADS if backward else FWD_THREADS, fa1_registers(wl, block_kv, backward))
-    if regs and gpu.registers_per_sm:
-        slots = min(slots, gpu.registers_per_sm // regs)
-    return max(1, slots)
+    """What cudaOccupancyMaxActiveBlocksPerMultiprocessor gives the heuristics: the blocks of the
+    kernel an SM holds (the machine's rule: block limit, shared memory, the training kernel's for
+    the backward, and registers); 1 for a block too large, which check_program then refuses."""
+    kernel = Launch("fa1_bwd" if backward else "fa1_fwd", 1, fa1_kernel_sram_bytes(wl, block_kv, backward), None,
+                    threads_per_block=BWD_THREADS if backward else FWD_THREADS,
+                    registers_per_thread=fa1_registers(wl, block_kv, backward))
+    try:
+        return max(1, Machine.slots_per_sm_of(gpu, kernel))
+    except HbmsimError:
+        return 1
 
 
 def _eff(n_waves: np.float32) -> np.float32:
@@ -224,12 +231,9 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     steady = not wl.causal and len(kblocks) > 3
     W = FWD_WARPS_N
 
-    def rows_of(i):
-        return slice(i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP))
-
     def step_loads(g, j, i):
         """What step i reads before its first GEMM: Q_i, and for key blocks after the first lse_i."""
-        return ((Q[g], rows_of(i), all_cols),) + (((LSE[g], rows_of(i), one),) if j > 0 else ())
+        return ((Q[g], query_step_rows(i, nq), all_cols),) + (((LSE[g], query_step_rows(i, nq), one),) if j > 0 else ())
 
     def block(ctx, index):
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
@@ -261,7 +265,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
             yield from ctx.compute(sram_bytes=2 * nc * d * itemsize)
             nxt = None
             for i in range(first, n_steps, S):
-                rows = rows_of(i)
+                rows = query_step_rows(i, nq)
                 r0, r1 = rows.start, rows.stop
                 n = r1 - r0
                 if i > first:

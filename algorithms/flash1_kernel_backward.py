@@ -18,7 +18,7 @@ from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, named, 
 from .gqa import kv_grad_tensors, reduce_kv_grads
 from .common import STATS_DTYPE, load_kv_len, scaled_keep_mask
 from .flash1_kernel import (BWD_THREADS, BWD_WARPS_N, DOT_DO_O_REGISTERS, DOT_DO_O_ROWS, QUERY_STEP, fa1_kernel_forward,
-                            fa1_kernel_sram_bytes, fa1_registers, key_blocks)
+                            fa1_kernel_sram_bytes, fa1_registers, key_blocks, query_step_rows)
 from .workload import AttentionData, Workload, allowed
 
 
@@ -55,20 +55,15 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
     n_chunks = math.ceil(nq / DOT_DO_O_ROWS)
 
     def step_rows(i):
-        r0, r1 = i * QUERY_STEP, min(nq, (i + 1) * QUERY_STEP)
-        return slice(r0, r1), r0, r1, r1 - r0
+        rows = query_step_rows(i, nq)
+        return rows, rows.start, rows.stop, rows.stop - rows.start
 
-    def step_loads(g, i):
-        """The tiles a 16-row step reads: Q_i, dO_i, lse_i, D_i."""
-        rows = step_rows(i)[0]
-        return (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), (D[g], rows, one)
-
-    def loop_loads(g, j, i):
-        """What step i of key block j reads ahead in the one-block-per-batch-head kernel: Q_i, dO_i,
-        lse_i, and O_i for the first key block (which computes D_i) or D_i for the others."""
+    def step_loads(g, i, with_o=False):
+        """The tiles a 16-row step reads ahead: Q_i, dO_i, lse_i, and D_i, or with_o O_i (the
+        one-block-per-batch-head kernel's first key block, which computes D_i from it)."""
         rows = step_rows(i)[0]
         return (Q[g], rows, all_cols), (dO[g], rows, all_cols), (LSE[g], rows, one), \
-            ((O[g], rows, all_cols) if j == 0 else (D[g], rows, one))
+            ((O[g], rows, all_cols) if with_o else (D[g], rows, one))
 
     def put_d(ctx, g, i, d_o, o):
         """D_i = rowsum(dO_i o O_i) (2*n*d FLOPs: multiply + row sum), written to softmax_d and
@@ -128,7 +123,7 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
             if begin >= n_steps:                      # no rows: dK_j = dV_j = 0 (:273-290)
                 yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
                 continue
-            k, v, dk_acc, dv_acc, ahead = yield from load_kv(ctx, g, cols, loop_loads(g, j, begin))
+            k, v, dk_acc, dv_acc, ahead = yield from load_kv(ctx, g, cols, step_loads(g, begin, j == 0))
             if j == 0:                                # Is_first: D of the first step before the loop (:327, :369)
                 d_back = yield from put_d(ctx, g, begin, ahead[1], ahead[3])
             nxt = None
@@ -136,12 +131,12 @@ def fa1_kernel_backward(wl: Workload, fwd: Program, block_kv: int, bwd_parallel:
                 rows, r0, r1, n = step_rows(i)
                 if i > begin and j > 0:
                     ahead = yield from ctx.wait(nxt)
-                q, d_o, lse, big_d = ahead
-                if j == 0:                            # (its D, read back)
+                q, d_o, lse, big_d = ahead            # (for j = 0 the fourth is O_i: D_i is read back)
+                if j == 0:
                     (big_d,) = yield from ctx.wait(d_back)
                 # the next step's tiles load during this one (as in bwd_seqparallel); the fp32
                 # dq_tmp_i is loaded mid-step and used at its end (:628)
-                nxt = ctx.prefetch(*loop_loads(g, j, i + 1)) if i + 1 < n_steps else None
+                nxt = ctx.prefetch(*step_loads(g, i + 1, j == 0)) if i + 1 < n_steps else None
                 dq_tmp = ctx.prefetch((DQT[g], rows, all_cols)) if j > 0 else None
                 between = None
                 if j == 0 and nxt is not None:        # Is_first: the next step's D, from its dO and O (:632-638)

@@ -413,18 +413,12 @@ WARP_THREADS = 32
 
 
 def block_registers(launch: Launch) -> int:
-    """Registers one resident block of `launch` takes (registers_per_block); 0 when the launch
-    does not say."""
-    return registers_per_block(launch.threads_per_block, launch.registers_per_thread)
-
-
-def registers_per_block(threads: int, registers_per_thread: int) -> int:
-    """Registers a block of `threads` threads takes: per warp, 32 threads x registers rounded up to
-    the allocation unit; 0 when either is not known (<= 0)."""
-    if threads <= 0 or registers_per_thread <= 0:
+    """Registers one resident block of `launch` takes: per warp, threads x registers rounded up to
+    the allocation unit; 0 when the launch does not say."""
+    if launch.threads_per_block <= 0 or launch.registers_per_thread <= 0:
         return 0
-    warps = -(-threads // WARP_THREADS)
-    per_warp = -(-WARP_THREADS * registers_per_thread // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+    warps = -(-launch.threads_per_block // WARP_THREADS)
+    per_warp = -(-WARP_THREADS * launch.registers_per_thread // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
     return warps * per_warp
 
 

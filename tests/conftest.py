@@ -13,7 +13,13 @@ from hbmsim.scenarios.explain import default_example
 # HYPOTHESIS_PROFILE=ci (.ci/run sets it): then each test's examples come from a seed fixed by
 # the test, so that CI passes or fails the same way on every clone.
 settings.register_profile("ci", derandomize=True, database=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config):
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "default")
+    if profile not in ("default", "ci"):
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE = {profile!r}: must be 'default' or 'ci' (tests/conftest.py)")
+    settings.load_profile(profile)
 
 # The worked 4 x 4 example (README: What the demo shows), defined once: `hbmsim explain`'s default
 # example (scenarios/explain.py). Its V is 1..16; its O, worked out by hand to 2 decimals:
