@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from .library_nsight import ncu_one, op_table, summarise_ncu_raw
+from .library_nsight import ncu_one, op_table, summarise_ncu_raw, summary_provenance
 from . import library_decode
 from .library_timing import DEFAULT_IMPLEMENTATIONS, HEAD_DIMS, IMPLEMENTATIONS, measure_grid
 
@@ -89,8 +89,10 @@ def main(argv=None) -> int:
     if a.decode:
         return decode_main(p, a, command)
     if a.summarise_ncu:
-        runs = [{"file": Path(f).name, "kernels": summarise_ncu_raw(Path(f).read_text())} for f in a.summarise_ncu]
-        Path(a.out).write_text(json.dumps({"source": "measured", "runs": runs}, indent=1) + "\n")
+        texts = [Path(f).read_text() for f in a.summarise_ncu]
+        runs = [{"file": Path(f).name, "kernels": summarise_ncu_raw(t)} for f, t in zip(a.summarise_ncu, texts)]
+        prov = summary_provenance(a.summarise_ncu, texts, command)
+        Path(a.out).write_text(json.dumps({"source": "measured", "provenance": prov, "runs": runs}, indent=1) + "\n")
         return 0
     if a.ops:
         impl, d, n, causal = a.ops

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 from .library_timing import HIDDEN, TOKENS, make_fn
 from .profile import ncu_table
@@ -70,6 +71,8 @@ NCU_SUMMARY_METRICS = (
     "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__cycles_elapsed.avg.per_second",
     "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum",
     "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
     "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
@@ -87,11 +90,38 @@ NCU_SUMMARY_METRICS = (
 # - the global loads' and stores' L1 requests and 32-byte sectors, and the L2 sectors the SMs asked
 #   for: an uncoalesced access (the transposing copies of PyTorch's baseline) asks for a sector per
 #   element, which DRAM bytes do not show;
-# - on sm90, the GMMA tensor pipe's activity (wgmma; the hmma metric above counts mma.sync only):
-#   beside the XU pipe's, whether a warp-specialised kernel's exps run under its GEMMs.
+# - on sm90, the GMMA tensor pipe's activity, where a version names it apart. (Nsight Compute 2025.3
+#   does not: there sm__pipe_tensor_op_hmma_cycles_active counts wgmma too. On cuDNN's sm90 forward at
+#   head dim 64, h200-ncu-hopper.json, it equals sm__pipe_tensor_cycles_active, 50.53%, and the wgmma
+#   FLOPs, sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum = 2^39 = 4 B H N^2 d, at the 4096 a
+#   clock an SM peak are 49.3% of the elapsed cycles.) Beside the XU pipe's: whether a
+#   warp-specialised kernel's exps run under its GEMMs.
 NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_",
                         "l1tex__t_requests_pipe_lsu_mem_global_op_", "l1tex__t_sectors_pipe_lsu_mem_global_op_",
                         "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_")
+
+
+def ncu_device(text: str) -> str | None:
+    """The GPU an ncu raw page was taken on (its device__attribute_display_name), None if it does not say."""
+    table = ncu_table(text)
+    if table is None:
+        return None
+    rows = list(csv.reader(io.StringIO(table)))
+    if len(rows) < 3 or "device__attribute_display_name" not in rows[0]:
+        return None
+    return rows[2][rows[0].index("device__attribute_display_name")] or None
+
+
+def summary_provenance(files: list, texts: list, command: list) -> dict:
+    """Where a --summarise-ncu file's numbers come from: the GPU each raw page names, how they were taken."""
+    import platform
+    from datetime import datetime, timezone
+    return {"gpu": sorted({g for g in map(ncu_device, texts) if g}), "raw_pages": [Path(f).name for f in files],
+            "collected": "ncu --csv --page raw --set full --profile-from-start off around one warmed pass "
+                         "(kernels/library_nsight.py: ncu_one), ncu's default clock control: the SM clock "
+                         "locked to base, so times are at sm__cycles_elapsed.avg.per_second, not boost",
+            "summarised": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.platform(),
+            "command": " ".join(command)}
 
 
 def summarise_ncu_raw(text: str) -> list[dict]:

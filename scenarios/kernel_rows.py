@@ -49,13 +49,15 @@ _PYTORCH = (
 # flash3 fa3-kernel: FlashAttention-3's kernels (hopper/: flash_fwd_kernel_sm90.h FlashAttnFwdSm90,
 # flash_bwd_preprocess_kernel.h FlashAttnBwdPreprocess, flash_bwd_kernel_sm90.h FlashAttnBwdSm90,
 # flash_bwd_postprocess_kernel.h FlashAttnBwdPostprocessConvertdQ), and the fused kernels of torch's cuDNN
-# attention that the same program stands for, whose generated names carry "sdpa" and "fprop" or "bprop"
-# (cuDNN's own pre- and post-processing kernels, if any, stay measured, not modelled).
+# attention that the same program stands for, whose generated names carry "sdpa" and "fprop" or "bprop",
+# with cuDNN's own backward pre- and post-processing kernels (cudnn::fusion::compute_dot_do_o_specialized,
+# cudnn::fusion::convert_dq_to_16bits: their names in scenarios/measured/h200-torch-hopper.json), which do
+# what FA3's preprocess and convert-dQ kernels do.
 _FA3 = (
     KernelGroup("forward", r"FlashAttnFwdSm90|sdpa\w*fprop|fprop\w*sdpa", ("flash3_fwd",)),
-    KernelGroup("dO.O (preprocess)", r"FlashAttnBwdPreprocess", ("flash3_bwd_preprocess",)),
+    KernelGroup("dO.O (preprocess)", r"FlashAttnBwdPreprocess|compute_dot_do_o", ("flash3_bwd_preprocess",)),
     KernelGroup("dQ dK dV", r"FlashAttnBwdSm90|sdpa\w*bprop|bprop\w*sdpa", ("flash3_bwd",)),
-    KernelGroup("convert dQ", r"FlashAttnBwdPostprocess", ("flash3_bwd_convert_dq",)),
+    KernelGroup("convert dQ", r"FlashAttnBwdPostprocess|convert_dq_to_16bits", ("flash3_bwd_convert_dq",)),
 )
 GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH, ("flash3", "fa3-kernel"): _FA3}
 

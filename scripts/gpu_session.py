@@ -1,9 +1,11 @@
 """The measurements a lent GPU owes the open issues, as one prepared run.
 
 A session with a lent H100 or H200 has about 15 minutes of device time, machine start included. This
-script runs, in order of what they settle, every measurement the docs leave for a GPU, each under
-its own time limit, skipping those that no longer fit the budget, and writes every file into one
-folder (the device tool's $OUT) with a log. A measurement that fails or runs out of time is logged
+script runs, in order of what they settle (or in the order `--only` names them), every measurement
+the docs leave for a GPU, each under its own time limit, and writes every file into one folder (the
+device tool's $OUT) with a log. The budget is wall-clock: each step runs under the smaller of its
+limit and what is left of the budget, and once less than MIN_STEP_S is left the rest are logged as
+left out. A measurement that fails or runs out of time is logged
 and the next one runs; each library command writes its file after every configuration, so a
 stopped one keeps what it finished.
 
@@ -30,6 +32,7 @@ from pathlib import Path
 # (It imports nothing from hbmsim, not even its argument checks: on the GPU machine it runs before
 # hbmsim is installed, and installs it.)
 PY = sys.executable
+MIN_STEP_S = 30           # below this much budget a step is not started (a torch import alone takes ~10 s)
 
 
 @dataclass(frozen=True)
@@ -41,16 +44,20 @@ class Step:
     ship: tuple = ()        # (file in the folder, where it goes in the repository)
 
 
-def _ncu_forward(impl: str, head_dim: int, seq_len: int = 4096) -> tuple:
-    """One warmed forward of the library's `impl` under Nsight Compute's full set, its raw page
-    into {out}/ncu-IMPL-D-N-forward.csv (kernels/library_nsight.py: ncu_one)."""
+def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096) -> tuple:
+    """One warmed pass of the library's `impl` under Nsight Compute's full set, its raw page
+    into {out}/ncu-IMPL-D-N-PASS.csv (kernels/library_nsight.py: ncu_one)."""
     return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-forward.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
-            impl, str(head_dim), str(seq_len), "false", "forward")
+            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-{pass_name}.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
+            impl, str(head_dim), str(seq_len), "false", pass_name)
+
+
+def _summarise(csvs: tuple, out: str) -> tuple:
+    return (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", *(f"{{out}}/{c}" for c in csvs), "--out", out)
 
 
 STEPS = (
-    Step("gpu-tests", 150, ((PY, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"),),
+    Step("gpu-tests", 150, ((PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"),),
          "every test marked gpu passes on this machine (CuPy kernels against their emulation, microbenchmarks)"),
     Step("host", 120, ((PY, "-m", "hbmsim.scenarios.cli", "microbench", "--out", "{out}/{gpu}-host.json"),),
          "issue 23: the host's launch and dispatch fields (then `hbmsim validate --host-spec FILE`), and the "
@@ -58,25 +65,34 @@ STEPS = (
          "PyTorch's transposing copy, 250 us measured against 121 predicted)",
          (("{gpu}-host.json", "scenarios/measured/{gpu}-host.json"),)),
     Step("ncu-stalls", 240, (
-        _ncu_forward("fa2", 128), _ncu_forward("pytorch", 64),
-        (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", "{out}/ncu-fa2-128-4096-forward.csv",
-         "{out}/ncu-pytorch-64-4096-forward.csv", "--out", "{out}/{gpu}-ncu-stalls.json")),
+        _ncu("fa2", 128), _ncu("pytorch", 64),
+        _summarise(("ncu-fa2-128-4096-forward.csv", "ncu-pytorch-64-4096-forward.csv"), "{out}/{gpu}-ncu-stalls.json")),
          "issue 23: why FA2's forward overlaps its pipes only in part (warp stall reasons), and whether "
          "PyTorch's transposing copy asks for a sector per element (global load sectors per request)",
          (("{gpu}-ncu-stalls.json", "scenarios/measured/{gpu}-ncu-stalls.json"),)),
     Step("hopper-library", 300, ((PY, "-m", "hbmsim.kernels.library", "--impl", "cudnn", "fa3", "fa2",
+                                  "--head-dim", "64", "128", "256",          # the FA3 paper's three
                                   "--repeats", "10", "--out", "{out}/{gpu}-torch-hopper.json"),),
          "issue 26: torch's cuDNN attention and FlashAttention-3 (where installed) against the flash3 program, "
          "and FA2 beside them for the measured FA3/FA2 speed-up",
          (("{gpu}-torch-hopper.json", "scenarios/measured/{gpu}-torch-hopper.json"),)),
     Step("ncu-hopper", 240, (
-        _ncu_forward("cudnn", 64), _ncu_forward("cudnn", 256),
-        (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", "{out}/ncu-cudnn-64-4096-forward.csv",
-         "{out}/ncu-cudnn-256-4096-forward.csv", "--out", "{out}/{gpu}-ncu-hopper.json")),
+        _ncu("cudnn", 64), _ncu("cudnn", 256),
+        _summarise(("ncu-cudnn-64-4096-forward.csv", "ncu-cudnn-256-4096-forward.csv"), "{out}/{gpu}-ncu-hopper.json")),
          "issue 26: whether a warp-specialised Hopper kernel (cuDNN's attention) runs its exps under its wgmma "
          "GEMMs (the GMMA tensor pipe's and the XU pipe's active cycles) at head dims 64 and 256, where the "
          "flash3 program is 23% fast and 12% slow and scripts/fa3_serial_bound.py's no-overlap bound fits",
          (("{gpu}-ncu-hopper.json", "scenarios/measured/{gpu}-ncu-hopper.json"),)),
+    Step("ncu-pipes", 240, (
+        _ncu("cudnn", 128), _ncu("cudnn", 64, "backward"), _ncu("cudnn", 128, "backward"), _ncu("fa2", 256),
+        _summarise(("ncu-cudnn-128-4096-forward.csv", "ncu-cudnn-64-4096-backward.csv",
+                    "ncu-cudnn-128-4096-backward.csv", "ncu-fa2-256-4096-forward.csv"), "{out}/{gpu}-ncu-pipes.json")),
+         "issue 26: whether cuDNN's forward at head dim 128 also runs its exps and its GEMMs one after the other "
+         "(tensor + XU pipes ~100% of the time, as the ncu-hopper step found at 64 and 256 on an H200), "
+         "and its backward's "
+         "pipes (the flash3 backward is predicted 18% fast against it); issue 23: FA2's forward at head dim 256 "
+         "(predicted 31% slow at kernel level on H200)",
+         (("{gpu}-ncu-pipes.json", "scenarios/measured/{gpu}-ncu-pipes.json"),)),
     Step("decode", 240, ((PY, "-m", "hbmsim.kernels.library", "--decode", "--repeats", "10", "--out",
                           "{out}/{gpu}-decode-sdpa-gqa.json", "--out-kvcache", "{out}/{gpu}-decode-fa2-kvcache.json"),),
          "issue 25: decode with grouped-query heads, split-KV and paged caches",
@@ -115,25 +131,25 @@ def expand(argv: tuple, out: str, gpu: str) -> list:
 
 
 def plan(names: list | None, budget_s: float) -> tuple:
-    """(steps to run, steps left out: (step, why)) in STEPS' order, within the budget."""
-    run, left = [], []
-    for step in STEPS:
-        if names and step.name not in names:
-            continue
-        if step.limit_s > budget_s:
-            left.append((step, f"needs up to {step.limit_s} s, {budget_s:.0f} s left"))
-            continue
-        run.append(step)
-        budget_s -= step.limit_s
-    return run, left
+    """(steps to try, in order: STEPS' or the order `names` gives; the budget's split: (step, "sure" when
+    the limits before it and its own fit the budget, else "if time is left")). The run itself goes by
+    the clock (main), so a step marked "if time is left" runs when the ones before it end early."""
+    steps = list(STEPS) if not names else [next(s for s in STEPS if s.name == n) for n in dict.fromkeys(names)]
+    split, used = [], 0
+    for step in steps:
+        used += step.limit_s
+        split.append((step, "sure" if used <= budget_s else "if time is left"))
+    return steps, split
 
 
-def run_step(step: Step, out: Path, gpu: str, log) -> dict:
+def run_step(step: Step, out: Path, gpu: str, log, limit_s: float | None = None) -> dict:
+    """Run the step's commands in turn, all within `limit_s` (default its own limit)."""
+    limit_s = step.limit_s if limit_s is None else min(limit_s, step.limit_s)
     start = time.monotonic()
     result = {"step": step.name, "settles": step.settles, "commands": [], "status": "ok"}
     for argv in step.commands:
         cmd = expand(argv, str(out), gpu)
-        left_s = step.limit_s - (time.monotonic() - start)
+        left_s = limit_s - (time.monotonic() - start)
         print(f"$ {shlex.join(cmd)}", file=log, flush=True)
         try:
             p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=max(left_s, 1))
@@ -170,35 +186,39 @@ def main(argv=None) -> int:
     a.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     args = a.parse_args(argv)
     gpu = "GPU" if args.dry_run else gpu_prefix()       # GPU: h100 or h200 when it runs
-    steps, left = plan(args.only, args.budget_s)
+    steps, split = plan(args.only, args.budget_s)
     if args.dry_run:
-        for s in steps:
-            print(f"{s.name} (up to {s.limit_s} s): {s.settles}")
+        print(f"budget {args.budget_s:.0f} s of wall clock; a step starts while {MIN_STEP_S} s or more are left")
+        for s, when in split:
+            print(f"{s.name} (up to {s.limit_s} s, {when}): {s.settles}")
             for c in s.commands:
                 print("    " + shlex.join(expand(c, args.out, gpu)))
             for src, dst in s.ship:
                 print(f"    ship {src.format(gpu=gpu)} -> {dst.format(gpu=gpu)}")
-        for s, why in left:
-            print(f"{s.name}: left out ({why})")
         return 0
+    start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:                                  # the device machine's copy of the tree may not be installed
-        subprocess.run([PY, "-c", "import hbmsim"], check=True, capture_output=True, timeout=60)
+        subprocess.run([PY, "-c", "import hbmsim.simulator"], check=True, capture_output=True, timeout=60)
     except subprocess.CalledProcessError:
         subprocess.run([PY, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", "-e", "."], timeout=300)
-    results = []
+    results, left = [], []
     with open(out / "gpu_session.log", "w") as log:
-        for s, why in left:
-            print(f"== {s.name}: left out ({why})", file=log, flush=True)
         for step in steps:
-            print(f"== {step.name}: {step.settles}", file=log, flush=True)
-            results.append(run_step(step, out, gpu, log))
+            left_s = args.budget_s - (time.monotonic() - start)
+            if left_s < MIN_STEP_S:
+                left.append(step.name)
+                print(f"== {step.name}: left out ({left_s:.0f} s of the budget left)", file=log, flush=True)
+                continue
+            print(f"== {step.name} (within {min(left_s, step.limit_s):.0f} s): {step.settles}", file=log, flush=True)
+            results.append(run_step(step, out, gpu, log, left_s))
             (out / "gpu_session.json").write_text(json.dumps(
-                {"gpu": gpu, "results": results, "left_out": [s.name for s, _ in left]}, indent=1) + "\n")
+                {"gpu": gpu, "results": results, "left_out": left}, indent=1) + "\n")
             print(f"{step.name}: {results[-1]['status']} in {results[-1]['wall_s']} s", flush=True)
-    return 0 if all(r["status"] == "ok" for r in results) else 1
-
+        (out / "gpu_session.json").write_text(json.dumps(
+            {"gpu": gpu, "results": results, "left_out": left}, indent=1) + "\n")
+    return 0 if all(r["status"] == "ok" for r in results) and not left else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -48,25 +48,43 @@ def test_the_files_shipped_are_the_files_written():
             assert dst.startswith("scenarios/measured/") and dst.format(gpu="h100").endswith(".json")
 
 
-def test_the_budget_decides_what_runs():
+def test_the_order_and_the_budgets_split():
     names = [s.name for s in S.STEPS]
     assert names[:2] == ["gpu-tests", "host"]              # the cheapest checks of the most first
-    run, left = S.plan(None, sum(s.limit_s for s in S.STEPS))
-    assert [s.name for s in run] == names and left == []
-    # 540 s: the steps in order while they fit (150 + 120 + 240 = 510; then 300 > 30 left, 240 > 30 left...)
-    run, left = S.plan(None, 540)
-    assert [s.name for s in run] == ["gpu-tests", "host", "ncu-stalls"]
-    assert [(s.name, why) for s, why in left][0] == ("hopper-library", "needs up to 300 s, 30 s left")
-    run, left = S.plan(["decode", "host"], 200)
-    assert [s.name for s in run] == ["host"] and [s.name for s, _ in left] == ["decode"]
+    steps, split = S.plan(None, sum(s.limit_s for s in S.STEPS))
+    assert [s.name for s in steps] == names and {when for _, when in split} == {"sure"}
+    # 540 s: the limits fit for the first three (150 + 120 + 240 = 510); the rest run if those end early
+    steps, split = S.plan(None, 540)
+    assert [(s.name, when) for s, when in split][2:4] == [("ncu-stalls", "sure"), ("hopper-library", "if time is left")]
+    # --only: the order it names, each once
+    steps, split = S.plan(["decode", "host", "decode"], 200)
+    assert [(s.name, when) for s, when in split] == [("decode", "if time is left"), ("host", "if time is left")]
+    steps, _ = S.plan(["host", "decode"], 400)
+    assert [s.name for s in steps] == ["host", "decode"]
+
+
+def test_the_clock_decides_what_runs(tmp_path, monkeypatch):
+    """A step gets min(its limit, the budget left); under MIN_STEP_S left, the rest are left out."""
+    ran = []
+    monkeypatch.setattr(S, "gpu_prefix", lambda: "h100")
+    monkeypatch.setattr(S.subprocess, "run", lambda *a, **k: None)      # (the install check)
+    clock = iter([0.0, 0.0, 100.0, 190.0])          # start; step 1 at 0; step 2 at 100; step 3 at 190
+    monkeypatch.setattr(S.time, "monotonic", lambda: next(clock, 190.0))
+    monkeypatch.setattr(S, "run_step", lambda step, out, gpu, log, left_s: ran.append((step.name, left_s)) or
+                        {"step": step.name, "status": "ok", "wall_s": 0})
+    assert S.main(["--out", str(tmp_path), "--budget-s", "210", "--only", "host", "decode", "grid-tc"]) == 1
+    assert ran == [("host", 210.0), ("decode", 110.0)]
+    doc = __import__("json").loads((tmp_path / "gpu_session.json").read_text())
+    assert doc["left_out"] == ["grid-tc"] and "grid-tc: left out (20 s of the budget left)" in (
+        tmp_path / "gpu_session.log").read_text()
 
 
 def test_dry_run_prints_the_plan(capsys):
     assert S.main(["--out", "OUT", "--dry-run", "--budget-s", "400"]) == 0
     text = capsys.readouterr().out
-    assert "host (up to 120 s): issue 23" in text and "microbench --out OUT/GPU-host.json" in text
+    assert "host (up to 120 s, sure): issue 23" in text and "microbench --out OUT/GPU-host.json" in text
     assert "ship GPU-host.json -> scenarios/measured/GPU-host.json" in text
-    assert "grid-tc: left out (needs up to 300 s" in text
+    assert "grid-tc (up to 300 s, if time is left)" in text
 
 
 def test_a_step_that_cannot_run_is_logged_and_the_next_runs(tmp_path):

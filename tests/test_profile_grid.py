@@ -229,13 +229,25 @@ def test_l2_state_is_stated_and_chosen_for_ncu(monkeypatch):
         profile.ncu_settings("hot")
 
 
+# the GPU test's grid: the tensor-core kernel (the default) at 4 warps, so a 64-row query block is whole warps
+GPU_GRID = ["profile", "--block-q", "64", "--block-kv", "32,64", "--warps", "4", "--head-dim", "64", "--seq-len",
+            "1024", "--causal", "false", "--repeats", "3", "--quiet"]
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the refusal without a GPU")
+def test_the_gpu_grid_is_valid_here_too(tmp_path, capsys):
+    """The GPU test's arguments pass every check that needs no GPU (a lent GPU found them wrong once:
+    8 warps, the default, need 128-row query blocks), so only the missing GPU stops them here."""
+    assert main(GPU_GRID + ["--l2", "warm", "--out", str(tmp_path / "g.json")]) == 2
+    assert "no GPU to measure on" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason=f"needs CuPy and a CUDA GPU: {WHY}")
 @pytest.mark.parametrize("l2", ["cold", "warm"])
 def test_the_grid_on_a_gpu(l2, tmp_path):
     out = tmp_path / "g.json"
-    assert main(["profile", "--block-q", "64", "--block-kv", "32,64", "--head-dim", "64", "--seq-len", "1024",
-                 "--causal", "false", "--repeats", "3", "--l2", l2, "--out", str(out), "--quiet"]) == 0
+    assert main(GPU_GRID + ["--l2", l2, "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["source"] == "measured" and doc["provenance"]["l2"]["l2_start"] == l2
     assert len(doc["runs"]) == 2 and all(r["l2_start"] == l2 and r["time_s"] > 0 for r in doc["runs"])

@@ -1,0 +1,79 @@
+"""The files two lent GPUs measured on 2026-11-26 (scenarios/measured/h100-*, h200-*; provenance in
+each, docs/measured-data.md): what the time model's new effects and the presets cite from them
+holds in the files, worked out from the raw counters.
+
+- Nsight Compute on cuDNN's sm90 attention forward, N = 4096 (batch 4, hidden 2048): the wgmma
+  FLOPs it counts are 4 B H N^2 d exactly, they fill 95-99% of the tensor pipe's active cycles at
+  4096 FLOPs a clock an SM (wgmma_full_rate), and the tensor and XU pipes are busy 100-116% of the
+  cycles together (xu_tensor_serial).
+- The host files: their host_spec is host_fields of their own entries; the block scheduler's first
+  wave lands within two timer ticks (so block_dispatch_s = 0 stays within what was measured); a lone
+  L2 sector costs at most the 32 bytes the presets charge.
+"""
+import json
+
+import pytest
+
+from hbmsim.kernels.host_microbench import host_fields
+from hbmsim.scenarios.experiment import resolve_hardware
+from hbmsim.scenarios.published import MEASURED_DIR
+from hbmsim.simulator.host import DEFAULT_HOST, host_from_measured
+
+GPUS = ("h100", "h200")
+N, TOKENS, HIDDEN = 4096, 16384, 2048
+PEAK_PER_CLK_PER_SM = 4096           # fp16 dense wgmma FLOPs a clock an SM (989.4e12 / 132 / 1.83e9)
+
+
+def _kernels(gpu: str) -> dict:
+    """(pass, head dim) -> cuDNN's fused kernel's summary, from the two Hopper ncu files."""
+    out = {}
+    for name in (f"{gpu}-ncu-hopper.json", f"{gpu}-ncu-pipes.json"):
+        doc = json.loads((MEASURED_DIR / name).read_text())
+        assert doc["source"] == "measured" and doc["provenance"]["gpu"]
+        for run in doc["runs"]:
+            _, impl, d, n, pass_name = run["file"].removesuffix(".csv").split("-")
+            if impl != "cudnn":
+                continue
+            (k,) = [k for k in run["kernels"] if "sdpa" in k["name"]]
+            out[(pass_name, int(d))] = k
+    return out
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_cudnn_runs_its_exps_after_its_gemms_at_the_full_rate(gpu):
+    ks = _kernels(gpu)
+    assert {(p, d) for p, d in ks} == {("forward", 64), ("forward", 128), ("forward", 256), ("backward", 64),
+                                        ("backward", 128)}
+    for (pass_name, d), k in ks.items():
+        batch, heads = TOKENS // N, HIDDEN // d
+        flops = 4 * batch * heads * N * N * d * (2.5 if pass_name == "backward" else 1)   # S, P V (+ 3 more)
+        assert k["sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum"] == flops
+        cycles = k["gpu__time_duration.sum"] * 1e-9 * k["sm__cycles_elapsed.avg.per_second"]
+        at_peak = 100 * flops / (132 * PEAK_PER_CLK_PER_SM * cycles)          # % of cycles at the full rate
+        tensor = k["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"]
+        assert k["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"] == tensor
+        assert 0.95 <= at_peak / tensor <= 0.99, (pass_name, d)               # wgmma_full_rate
+        xu = k["sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"]
+        if pass_name == "forward":                                            # xu_tensor_serial
+            assert 100 <= tensor + xu <= 116, d
+    # the forward's three head dims, as time_model.py quotes them
+    both = {d: round(ks[("forward", d)]["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"]
+                     + ks[("forward", d)]["sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"], 1)
+            for d in (64, 128, 256)}
+    assert both == {"h200": {64: 102.8, 128: 114.2, 256: 102.2}, "h100": {64: 102.7, 128: 114.2, 256: 101.9}}[gpu]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_the_host_files(gpu):
+    path = MEASURED_DIR / f"{gpu}-host.json"
+    doc = json.loads(path.read_text())
+    assert doc["source"] == "measured" and doc["provenance"]["gpu"].startswith("NVIDIA H")
+    assert doc["host_spec"] == host_fields(doc["results"])
+    h = host_from_measured(path, DEFAULT_HOST)
+    assert 5e-6 < h.launch_s < 8e-6 and 1e-6 < h.launch_gap_s < 2e-6 and h.queue_launches == 1021
+    preset = resolve_hardware({"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}[gpu])
+    bd = doc["results"]["block_dispatch"]
+    assert all(r["sms_reached"] == 132 for r in bd["runs"])
+    assert bd["first_wave_spread_s"] <= 2 * bd["globaltimer_resolution_s"] and preset.block_dispatch_s == 0
+    cost = doc["results"]["l2_read_lines_vs_sectors"]["l2_sector_cost_bytes"]
+    assert 16 < cost <= preset.l2_sector_request_bytes == 32
