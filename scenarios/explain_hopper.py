@@ -8,8 +8,8 @@ The walk-through prints
    (FA3), the softmax's vector and SFU time, and how the time model adds them up;
 3. FA3's block 0 on SM 0 as its warp roles ran it (the producer's TMA loads, each consumer
    warpgroup's wgmma GEMMs and softmax), from the run's timeline;
-4. how long SM 0's tensor and vector pipes were busy, and for how long both at once: the
-   overlap that FA2's schedule does not have.
+4. how long SM 0's tensor and vector work took, and for how long both at once (none: measured,
+   a Hopper SM's tensor pipe and its special-function unit do not work at the same time).
 Every number comes from the two simulations (predicted, not measured).
 """
 from __future__ import annotations
@@ -122,14 +122,13 @@ def explain_hopper(gpu) -> str:
               f"       + softmax, {vec2:,.0f} vector ops of which {exp2:,.0f} exps (FP32 lanes, SFU): "
               f"{softmax2_s * 1e6:.2f} us (each warp's softmax needs its S: serial_softmax)",
               f"       = {(mma_s + operands_s + softmax2_s) * 1e6:.2f} us on the SM's one pipe",
-              f"  FA3, wgmma: {gpu.matmul_flops_per_s / 1e12:.1f} TFLOP/s x {gpu.tensor_achievable_fraction:g} "
-              f"(achievable) / {gpu.sm_count} SMs = {1 / rates.s_per_flop[WGMMA] / 1e12:.2f} TFLOP/s an SM: "
-              f"{wgmma_s * 1e6:.2f} us on the tensor pipe",
+              f"  FA3, wgmma: {gpu.matmul_flops_per_s / 1e12:.1f} TFLOP/s / {gpu.sm_count} SMs = "
+              f"{1 / rates.s_per_flop[WGMMA] / 1e12:.2f} TFLOP/s an SM, the full rate (wgmma_full_rate: Nsight "
+              f"Compute counts a Hopper attention kernel's wgmma at 96-98% of it while busy): {wgmma_s * 1e6:.2f} us",
               "       (operands straight from shared memory, read under the GEMM)",
-              f"       softmax, {vec3:,.0f} vector ops of which {exp3:,.0f} exps: {softmax3_s * 1e6:.2f} us on the "
-              "vector pipe (sm_pipes): wgmma is asynchronous,",
-              "       so one warpgroup's softmax runs while the other's GEMMs (or its own next one) keep the "
-              "tensor pipe busy", ""]
+              f"       + softmax, {vec3:,.0f} vector ops of which {exp3:,.0f} exps: {softmax3_s * 1e6:.2f} us, "
+              "not under the GEMMs: measured, the SM's tensor pipe and its",
+              "       special-function unit work one after the other, whichever warpgroup asks (xu_tensor_serial)", ""]
 
     # 3. FA3's block 0 by warp role
     lines.append(f"3. FA3's block 0 on SM 0, by warp role (its first {FIRST_EVENTS} events; us from the "
@@ -138,8 +137,8 @@ def explain_hopper(gpu) -> str:
         lines.append(f"  {start_s * 1e6:7.3f} - {end_s * 1e6:7.3f}  {role:11s} {what}")
     lines += ["  The producer's TMA loads run ahead into the ring of K/V stages; each consumer warpgroup (64 of "
               "the block's rows)", "  issues S_j = Q K_j^T on wgmma, then its softmax, then P_j V_j; the "
-              "ping-pong barrier hands the tensor pipe", "  to the other warpgroup, whose GEMMs run during "
-              "this one's softmax.", ""]
+              "ping-pong barrier hands the SM", "  to the other warpgroup, whose GEMMs follow this one's softmax "
+              "(xu_tensor_serial; `--without xu_tensor_serial`: the overlap the FA3 paper draws).", ""]
 
     # 4. the pipes on SM 0
     gemm, soft = _sm0_compute(tl3)
@@ -151,8 +150,9 @@ def explain_hopper(gpu) -> str:
               "GEMMs and softmax one after the other on its one pipe",
               f"  FA3: tensor pipe busy {busy(g) * 1e6:.2f} us, vector pipe {busy(s) * 1e6:.2f} us, both at once "
               f"{_overlap_s(g, s) * 1e6:.2f} us, of {t3 * 1e6:.2f} us",
-              "  Same bytes, same FLOPs: FA3 is faster because wgmma runs at the full tensor rate and the "
-              "softmax hides under it.",
-              "  (How much faster is the model's claim: against the FA3 paper's H100 figures its FA3/FA2 "
-              "speed-up is too large, docs/validation.md.)"]
+              "  Same bytes, same FLOPs: FA3 is faster because wgmma runs at the full tensor rate (FA2's mma.sync "
+              f"gets {gpu.mma_sync_fraction:g} of it)",
+              "  and reads its operands from shared memory itself (FA2's ldmatrix reads add up with mma.sync on "
+              "H100), not because the softmax hides under the GEMMs.",
+              "  (How much faster is the model's claim: against the FA3 paper's H100 figures, docs/validation.md.)"]
     return "\n".join(lines)

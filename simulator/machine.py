@@ -7,9 +7,10 @@ A block's calls reach the machine through its context (context.py).
   model (time_model.py) says: its tensor-core, vector, SFU and SRAM-read times at the SM's
   rates, added where they depend on each other and overlapped where they do not; the blocks
   resident on the SM take turns in issue order. For kernels built on Hopper's asynchronous
-  `wgmma` (time_model.py: sm_pipes), the SM's tensor pipe and its vector (FP32/SFU) pipe are
-  two pipes: a call's GEMM occupies the first and its softmax the second, so one warp role's
-  softmax runs under another's GEMM as the kernel's schedule lets it. With pipe_sharing (the
+  `wgmma` with time_model.py's sm_pipes (and xu_tensor_serial off: measured, the two do not
+  overlap), the SM's tensor pipe and its vector (FP32/SFU) pipe are two pipes: a call's GEMM
+  occupies the first and its softmax the second, so one warp role's softmax runs under another's
+  GEMM as the kernel's schedule lets it. With pipe_sharing (the
   default) they are processor-sharing pools: the warp roles with work in flight on a pipe share
   its rate, each role's own requests in its program order (shared_pipes.py); without, FifoPipes.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
@@ -74,7 +75,7 @@ class Machine:
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]
         self.rates = SmRates(gpu, self.model)
         # pipe_sharing: a wgmma kernel's two pipes per SM shared by its warp roles (shared_pipes.py)
-        self.shared_pipes = SharedPipes(self, gpu.sm_count) if self.model.pipe_sharing and self.model.sm_pipes \
+        self.shared_pipes = SharedPipes(self, gpu.sm_count) if self.model.pipe_sharing and self.rates.pipes \
             else None
         self.kernels: list[KernelResult] = []
         # pass -> (kernels before the next pass, its l2_writeback steps had it been the last):

@@ -82,14 +82,38 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   (FIFO: FA3's backward and FP8 forward predicted 16% and 21% too fast against the FA3 paper,
   median; with sharing 6% and 15%: docs/validation.md). shared_pipes.py.
   Off: FIFO pipes.
+- xu_tensor_serial: on a wgmma kernel's SM, the softmax's special-function (XU) work and the
+  tensor pipe's GEMMs do not run at the same time, whatever the warp roles: the sm_pipes
+  overlap (and pipe_sharing) is not there. Measured: Nsight Compute on cuDNN's sm90 attention
+  forward (a warp-specialised TMA + wgmma kernel, 3 warpgroups) on an H200, N = 4096
+  (scenarios/measured/h200-ncu-hopper.json, h200-ncu-pipes.json): the tensor pipe's active
+  cycles plus the XU pipe's issue make 102.7% of the kernel's cycles at head dim 64 (50.5 +
+  52.2), 102.2% at 256 (81.2 + 21.0) and 114.2% at 128 (75.3 + 38.9): one after the other, but
+  for a seventh of the time at 128; an H100 gave 102.7, 114.2 and 101.9% (h100-ncu-*.json).
+  The FlashAttention-3 paper's own forward throughput at 16k tokens (497, 648, 756 TFLOP/s at
+  head dims 64, 128, 256) is the serial sum's at the spec peak (495, 659, 791:
+  scripts/fa3_serial_bound.py), not the overlapped one's (989 at every head dim). The FP32
+  (FMA) pipe still runs beside them (the call's vector time is max(FP32, SFU), as everywhere).
+  Off: sm_pipes and pipe_sharing decide.
+- wgmma_full_rate: a wgmma kernel's tensor pipe delivers the spec sheet's peak while it is busy,
+  not the achievable fraction of cuBLAS's best GEMM: Nsight Compute counts cuDNN's sm90
+  attention's wgmma FLOPs (sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off) at 96-98% of the
+  peak per clock over the tensor pipe's active cycles, forward and backward (49.3 of 50.5%, 72.4
+  of 75.3%, 78.3 of 81.2%; backward 49.8 of 51.3%, 63.6 of 66.0%). The achievable fraction
+  (0.70 on the H200) is a GEMM's that draws the board to its power cap (sw_power_cap in
+  h200-torch-hopper.json's gemm clock samples); the attention kernels at N = 4096 ran at 1980
+  MHz with no clock reason. Library GEMMs keep the fraction. Off: wgmma at the achievable
+  fraction.
 - block_dispatch: a launch's SMs get their first blocks one after another, `block_dispatch_s`
   apart (SM i starts i x that after the launch), as a GPU's block scheduler hands them out.
   Without it a launch of alike blocks starts every SM at the same instant and can run in exact
   lock-step (every SM loading at once, then computing at once) until rounding breaks the
   symmetry at a point no physics sets; a stagger of 1 ps to 1 ns a step moved FA2's H100 kernel
   families by up to 4 points and a dQ dK dV worst case from 46% to 26-34% (docs/validation.md,
-  "Lock-step waves"). No preset gives the field yet (no published figure): `hbmsim microbench
-  --host` measures it. Off, or where the preset does not give it: every SM starts at once.
+  "Lock-step waves"). No published figure gives it; measured on an H200 (`hbmsim microbench
+  --host`, h200-host.json): a wave's 264 blocks start within one 0.24 us tick of the global
+  timer, so at most 1.8 ns from one SM to the next: bounded, not resolved; the presets give 0.
+  Off, or at 0: every SM starts at once.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -138,6 +162,8 @@ class TimeModel:
     mma_operands: bool = True
     sm_pipes: bool = True
     pipe_sharing: bool = True
+    xu_tensor_serial: bool = True
+    wgmma_full_rate: bool = True
     block_dispatch: bool = True
     host: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);
@@ -189,8 +215,10 @@ class SmRates:
             else 1.0
         mma_sync = gpu.mma_sync_fraction if model.mma_sync and gpu.mma_sync_fraction > 0 else 1.0
         fp8_peak = getattr(gpu, "fp8_matmul_flops_per_s", 0.0) or peak
-        self.s_per_flop = {LIBRARY: sms / (peak * achievable), WGMMA: sms / (peak * achievable),
-                           WGMMA_FP8: sms / (fp8_peak * achievable),
+        # wgmma_full_rate: an attention kernel's wgmma at the peak (the achievable fraction is cuBLAS's)
+        wgmma = 1.0 if model.wgmma_full_rate else achievable
+        self.s_per_flop = {LIBRARY: sms / (peak * achievable), WGMMA: sms / (peak * wgmma),
+                           WGMMA_FP8: sms / (fp8_peak * wgmma),
                            MMA_SYNC: sms / (peak * min(achievable, mma_sync))}
         # FP32 lanes: vector_flops_per_s counts an FMA as 2 FLOPs; one counted operation is one lane-clock
         fp32_s = sms / (gpu.vector_flops_per_s / 2 if model.fp32_ops else gpu.vector_flops_per_s)
@@ -203,7 +231,9 @@ class SmRates:
         self.s_per_exp = 1.0 / sfu if model.sfu_exp and sfu > 0 else 0.0
         self.s_per_sram_byte = 1.0 / gpu.sram_bytes_per_s_per_sm
         self.serial = model.serial_softmax
-        self.pipes = model.sm_pipes           # tensor and vector pipes apart (machine.py keeps two per SM)
+        # tensor and vector pipes apart (machine.py keeps two per SM), unless xu_tensor_serial says they
+        # do not overlap
+        self.pipes = model.sm_pipes and not model.xu_tensor_serial
         self.operands_add = (model.mma_operands and model.mma_sync and gpu.mma_sync_fraction > 0
                              and gpu.mma_sync_operands_serial > 0)
         self._known: dict = {}    # compute_s's arguments -> its result

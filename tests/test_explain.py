@@ -228,7 +228,7 @@ def test_hopper_walkthrough_same_bytes_by_hand(capsys):
     """`explain --hopper`: FA2 and FA3 on one head (N = 1024, d = 128, H100) move the same bytes and
     FLOPs (the table's two columns equal: Q, K, V read once from DRAM, 3 x 1024 x 128 x 2 B =
     786,432 B; O and lse written, 1024 x (256 + 4) = 266,240 B), a block's GEMMs are
-    2 x 2 x 128 x 1024 x 128 FLOPs, and FA3's vector pipe runs under its tensor pipe."""
+    2 x 2 x 128 x 1024 x 128 FLOPs, and FA3's softmax does not run under its GEMMs (xu_tensor_serial)."""
     assert main(["explain", "--hopper"]) == 0
     out = capsys.readouterr().out
     rows = {m[1].strip(): (m[2], m[3]) for m in re.finditer(r"^  ([A-Za-z0-9 ()-]+?)\s{2,}([\d,]+)\s+([\d,]+)$",
@@ -245,7 +245,8 @@ def test_hopper_walkthrough_same_bytes_by_hand(capsys):
     assert events[4][2:] == ("consumer 0", "wgmma GEMM, 2,883,584 FLOP")
     tensor, vector, both = (float(x) for x in re.search(
         r"tensor pipe busy ([\d.]+) us, vector pipe ([\d.]+) us, both at once ([\d.]+) us", out).groups())
-    assert 0 < both <= vector < tensor <= t3
+    # xu_tensor_serial: the softmax never runs while a GEMM does (measured on a Hopper attention kernel)
+    assert both == 0 and 0 < vector < tensor and tensor + vector <= t3
 
 
 @pytest.mark.parametrize("args, message", [

@@ -12,6 +12,9 @@ Two consumer roles each do a GEMM of 1e6 FLOPs (1 us on the tensor pipe) and the
 - two FIFO pipes (pipe_sharing off): A's GEMM 0-1 us, B's 1-2 us (first come, first served), A's
   softmax under it: 2.2 us without any barrier.
 - mma.sync, or sm_pipes off: one pipe, 2 x (1 + 0.2) = 2.4 us.
+- xu_tensor_serial (the default; measured on Hopper: the tensor pipe and the special-function unit
+  do not work at once): one pipe for wgmma too, 2.4 us however the roles hand over. The tests of
+  the two pipes above switch it off (MODEL).
 """
 import pytest
 
@@ -20,7 +23,7 @@ from hbmsim.simulator.time_model import MMA_SYNC, WGMMA
 
 from conftest import tiny_gpu
 
-MODEL = TimeModel().off("host")
+MODEL = TimeModel().off("host", "xu_tensor_serial")      # the two pipes, as sm_pipes draws them
 GEMM = dict(matmul_flops=1_000_000)          # 1e6 / 1e12 = 1 us on the tensor pipe
 SOFTMAX = dict(vector_flops=10_000)          # 1e4 / 5e10 = 0.2 us on the vector pipe
 
@@ -74,6 +77,13 @@ def test_mma_sync_and_sm_pipes_off_add_up():
     assert simulate(tiny_gpu(), two_consumers(MMA_SYNC), model=MODEL).time_s == pytest.approx(2.4e-6, rel=1e-9)
     off = MODEL.off("sm_pipes")
     assert simulate(tiny_gpu(), two_consumers(WGMMA), model=off).time_s == pytest.approx(2.4e-6, rel=1e-9)
+
+
+def test_measured_hopper_sms_run_a_softmax_after_any_gemm():
+    """xu_tensor_serial on (TimeModel's default): the ping-pong hand-over hides nothing."""
+    serial = TimeModel().off("host")
+    for program in (two_consumers(WGMMA), handed_over(WGMMA)):
+        assert simulate(tiny_gpu(), program, model=serial).time_s == pytest.approx(2.4e-6, rel=1e-9)
 
 
 def test_a_role_waits_at_an_event_until_another_releases_it():

@@ -137,7 +137,8 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     labels = [f"without {e}" for e in ("stream_dram", "achievable_tensor", "mma_sync", "sfu_exp", "fp32_ops",
                                        "instruction_issue", "l2_sectors", "serial_softmax", "registers",
                                        "mma_operands",
-                                       "sm_pipes", "pipe_sharing", "block_dispatch", "host")]
+                                       "sm_pipes", "pipe_sharing", "xu_tensor_serial", "wgmma_full_rate",
+                                       "block_dispatch", "host")]
     for p in doc["points"]:
         abl = p["ablation_time_s"]
         assert list(abl) == labels + ["all off"]
@@ -146,9 +147,11 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
         assert abl["without mma_sync"] == p["predicted_time_s"]
         assert abl["without sm_pipes"] == p["predicted_time_s"]     # two pipes only for wgmma kernels (FA3)
         assert abl["without pipe_sharing"] == p["predicted_time_s"]     # so is their sharing
+        assert abl["without xu_tensor_serial"] == p["predicted_time_s"]     # and the measured limit on them
+        assert abl["without wgmma_full_rate"] == p["predicted_time_s"]      # wgmma's rate: FA3's kernels only
         assert abl["without instruction_issue"] == p["predicted_time_s"]    # for PyTorch's counted kernels
         assert abl["without l2_sectors"] == p["predicted_time_s"]           # for PyTorch's transposing copies
-        assert abl["without block_dispatch"] == p["predicted_time_s"]       # no preset gives its field yet
+        assert abl["without block_dispatch"] == p["predicted_time_s"]       # measured 0 (h200-host.json)
         assert abl["without achievable_tensor"] < p["predicted_time_s"]
         assert abl["all off"] < p["predicted_time_s"]
         # the host's dispatch and launches before the first kernel of each pass are on the stopwatch
@@ -156,7 +159,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     errs = [(p["ablation_time_s"]["all off"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
     ablation = text[text.index("ablation: signed median"):]          # the ablation table, after the report
     row = next(line for line in ablation.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
-    assert len(row.split()) == 3 + 1 + 14 + 1          # family, the model, each effect off, all off
+    assert len(row.split()) == 3 + 1 + 16 + 1          # family, the model, each effect off, all off
     assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
 
 
