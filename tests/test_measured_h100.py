@@ -151,6 +151,11 @@ def test_the_library_command_summarises_ncu_pages(tmp_path):
     # where the numbers come from: the page's GPU when it names one (this page does not), how ncu took them
     assert doc["provenance"]["gpu"] == [] and doc["provenance"]["raw_pages"] == ["fwd.csv"]
     assert "--set full" in doc["provenance"]["collected"] and "base" in doc["provenance"]["collected"]
+    named = tmp_path / "named.csv"            # a page that names its GPU (device__attribute_display_name)
+    named.write_text('"ID","Kernel Name","device__attribute_display_name"\n"","",""\n"0","k","NVIDIA H200"\n')
+    assert library.main(["--summarise-ncu", str(page), str(named), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["gpu"] == ["NVIDIA H200"] and doc["provenance"]["raw_pages"] == ["fwd.csv", "named.csv"]
 
 
 @pytest.mark.gpu
