@@ -89,7 +89,12 @@ def main(argv=None) -> int:
     if a.decode:
         return decode_main(p, a, command)
     if a.summarise_ncu:
-        texts = [Path(f).read_text() for f in a.summarise_ncu]
+        if not a.out:
+            p.error("--summarise-ncu needs --out FILE")
+        try:
+            texts = [Path(f).read_text() for f in a.summarise_ncu]
+        except OSError as err:
+            p.error(f"--summarise-ncu: {err.filename!r}: {err.strerror}")
         runs = [{"file": Path(f).name, "kernels": summarise_ncu_raw(t)} for f, t in zip(a.summarise_ncu, texts)]
         prov = summary_provenance(a.summarise_ncu, texts, command)
         Path(a.out).write_text(json.dumps({"source": "measured", "provenance": prov, "runs": runs}, indent=1) + "\n")

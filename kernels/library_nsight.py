@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import csv
 import io
+import platform
 from pathlib import Path
 
 from .library_timing import HIDDEN, TOKENS, make_fn
-from .profile import ncu_table
+from .profile import ncu_table, now_utc
 
 
 def _warmed(impl, d, n, causal):
@@ -101,12 +102,16 @@ NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_war
                         "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_")
 
 
+def _ncu_rows(text: str) -> list:
+    """ncu's raw page (--csv --page raw) as rows: the metric names, their units, then a row a kernel;
+    [] when the text holds no table."""
+    table = ncu_table(text)
+    return [] if table is None else list(csv.reader(io.StringIO(table)))
+
+
 def ncu_device(text: str) -> str | None:
     """The GPU an ncu raw page was taken on (its device__attribute_display_name), None if it does not say."""
-    table = ncu_table(text)
-    if table is None:
-        return None
-    rows = list(csv.reader(io.StringIO(table)))
+    rows = _ncu_rows(text)
     if len(rows) < 3 or "device__attribute_display_name" not in rows[0]:
         return None
     return rows[2][rows[0].index("device__attribute_display_name")] or None
@@ -114,24 +119,20 @@ def ncu_device(text: str) -> str | None:
 
 def summary_provenance(files: list, texts: list, command: list) -> dict:
     """Where a --summarise-ncu file's numbers come from: the GPU each raw page names, how they were taken."""
-    import platform
-    from datetime import datetime, timezone
     return {"gpu": sorted({g for g in map(ncu_device, texts) if g}), "raw_pages": [Path(f).name for f in files],
             "collected": "ncu --csv --page raw --set full --profile-from-start off around one warmed pass "
                          "(kernels/library_nsight.py: ncu_one), ncu's default clock control: the SM clock "
                          "locked to base, so times are at sm__cycles_elapsed.avg.per_second, not boost",
-            "summarised": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.platform(),
-            "command": " ".join(command)}
+            "summarised": now_utc(), "host": platform.platform(), "command": " ".join(command)}
 
 
 def summarise_ncu_raw(text: str) -> list[dict]:
     """ncu --csv --page raw output -> one dict per kernel: its name and NCU_SUMMARY_METRICS (numbers as
     ncu printed them, in its units), the columns NCU_SUMMARY_PREFIXES name, plus the shared-memory
     pipe's busy fraction: wavefronts per SM (one a cycle) over the kernel's cycles."""
-    table = ncu_table(text)
-    if table is None:
+    rows = _ncu_rows(text)
+    if not rows:
         return []
-    rows = list(csv.reader(io.StringIO(table)))
     header, units = rows[0], rows[1]
     out = []
     wanted = NCU_SUMMARY_METRICS + tuple(m for m in header if m.startswith(NCU_SUMMARY_PREFIXES))

@@ -204,20 +204,22 @@ def main(argv=None) -> int:
     except subprocess.CalledProcessError:
         subprocess.run([PY, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", "-e", "."], timeout=300)
     results, left = [], []
+
+    def save():                           # after every step, so a killed run keeps what it finished
+        (out / "gpu_session.json").write_text(json.dumps({"gpu": gpu, "results": results, "left_out": left},
+                                                         indent=1) + "\n")
     with open(out / "gpu_session.log", "w") as log:
         for step in steps:
             left_s = args.budget_s - (time.monotonic() - start)
             if left_s < MIN_STEP_S:
                 left.append(step.name)
                 print(f"== {step.name}: left out ({left_s:.0f} s of the budget left)", file=log, flush=True)
-                continue
-            print(f"== {step.name} (within {min(left_s, step.limit_s):.0f} s): {step.settles}", file=log, flush=True)
-            results.append(run_step(step, out, gpu, log, left_s))
-            (out / "gpu_session.json").write_text(json.dumps(
-                {"gpu": gpu, "results": results, "left_out": left}, indent=1) + "\n")
-            print(f"{step.name}: {results[-1]['status']} in {results[-1]['wall_s']} s", flush=True)
-        (out / "gpu_session.json").write_text(json.dumps(
-            {"gpu": gpu, "results": results, "left_out": left}, indent=1) + "\n")
+            else:
+                print(f"== {step.name} (within {min(left_s, step.limit_s):.0f} s): {step.settles}", file=log,
+                      flush=True)
+                results.append(run_step(step, out, gpu, log, left_s))
+                print(f"{step.name}: {results[-1]['status']} in {results[-1]['wall_s']} s", flush=True)
+            save()
     return 0 if all(r["status"] == "ok" for r in results) and not left else 1
 
 if __name__ == "__main__":

@@ -156,6 +156,9 @@ def test_the_library_command_summarises_ncu_pages(tmp_path):
     assert library.main(["--summarise-ncu", str(page), str(named), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["provenance"]["gpu"] == ["NVIDIA H200"] and doc["provenance"]["raw_pages"] == ["fwd.csv", "named.csv"]
+    with pytest.raises(SystemExit) as exit_:           # a page that is not there: one line, exit 2
+        library.main(["--summarise-ncu", str(tmp_path / "missing.csv"), "--out", str(out)])
+    assert exit_.value.code == 2
 
 
 @pytest.mark.gpu
