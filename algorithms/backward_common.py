@@ -15,11 +15,17 @@ from .workload import AttentionData, Workload, causal_first_q_block
 # Per score element of a backward tile: recompute P (scale, sub, exp: 3), dS = P (dP - D) (2),
 # plus mask 1 and dropout 3 (regenerate, multiply P, multiply dP).
 BWD_VECTOR_PER_SCORE = 5
+BWD_DS_PER_SCORE = 2      # of those, dS = P o (dP - D): a subtract and a multiply
 
 
 def bwd_vector_flops(wl: Workload, rows: int, cols: int) -> int:
     per = BWD_VECTOR_PER_SCORE + (1 if wl.masked else 0) + (3 if wl.dropout > 0 else 0)
     return rows * cols * per + 4 * rows
+
+
+def bwd_ds_flops(rows: int, cols: int) -> int:
+    """The part of bwd_vector_flops that computes dS = P o (dP - D) (the rest recomputes P)."""
+    return rows * cols * BWD_DS_PER_SCORE
 
 
 def kv_block(wl: Workload, index: int, kv_blocks: int, block_kv: int, block_q: int) -> tuple:

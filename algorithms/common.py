@@ -167,6 +167,13 @@ EVEN_MAX_TILES_PER_STEP = 8
 CAUSAL_MIN_BLOCKS = 1024
 CAUSAL_STEPS_PER_BLOCK = 32
 CAUSAL_MAX_TILES_PER_STEP = 4
+# A key-parallel backward (bwd_tiles_per_step) takes the causal rule in a grid of
+# CAUSAL_BWD_MIN_BLOCKS K/V blocks or more (about 16 waves of one block per SM): against a step per
+# query tile, the backward passes of every causal training run of the shipped sets with such a grid
+# moved by 0.07-0.26% (FA2: H100, H200, A100, head dims 64 and 128) and -0.01..-0.66% (FA3), at
+# 10-50% less CPU time; FA3's head dim 256 (about 1,650 blocks of 64 x 80) moved by -0.6..-1.1%
+# and keeps a step per tile (docs/speed.md).
+CAUSAL_BWD_MIN_BLOCKS = 2048
 
 
 def tiles_per_step(tiles: int, even: bool = False, blocks: int = 0) -> int:
@@ -178,6 +185,16 @@ def tiles_per_step(tiles: int, even: bool = False, blocks: int = 0) -> int:
     if not even and blocks >= CAUSAL_MIN_BLOCKS:
         step = max(step, min(CAUSAL_MAX_TILES_PER_STEP, tiles // CAUSAL_STEPS_PER_BLOCK))
     return step
+
+
+def bwd_tiles_per_step(wl: Workload, block_q: int, block_kv: int) -> int:
+    """Query tiles a fast-mode step of a key-parallel backward (FA2's, FA3's) covers at most:
+    tiles_per_step over the longest loop (every query block), in the main kernel's grid of
+    batch-heads x K/V blocks. Each block's steps end at multiples of it, so that every block asks
+    the L2 for the same tiles."""
+    blocks = wl.groups * math.ceil(wl.seq_len_kv / block_kv)
+    return tiles_per_step(math.ceil(wl.seq_len_q / block_q), not wl.causal,
+                          blocks if blocks >= CAUSAL_BWD_MIN_BLOCKS else 0)
 
 
 def row_blocks_period(wl: Workload, block: int, seq_len: int) -> int:

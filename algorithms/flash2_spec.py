@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO, FlashBlocks, halve_until, resolve_flash_blocks
-from .common import tiles_per_step
+from .common import bwd_tiles_per_step, tiles_per_step
 from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
 from . import flash2_rawkernel_tc as tc
@@ -226,7 +226,7 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
     even = not wl.causal               # every block's loop as long (common.tiles_per_step)
     fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
     if training:
-        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
+        bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
                                registers_per_thread=regs)
@@ -262,7 +262,7 @@ def _steps(wl: Workload, m: Flash2Blocks, training: bool, fast: bool = False) ->
     steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles, even) if fast else 1))
     if training:      # the backward visits every (K/V block, query block) pair, about twice the work
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
-        q_steps = c(q_tiles / (tiles_per_step(q_tiles, even) if fast else 1))
+        q_steps = c(q_tiles / (bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1))
         steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * q_steps
     return steps
 

@@ -9,10 +9,15 @@ one thread block per (batch-head, K/V block), its warps in roles
   block into a ring of Stages_dO slots, reusing a slot once the consumers release it;
 - `warpgroups` consumer warpgroups split each (query block, K/V block) step's five GEMMs
   (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K: 10 n nc d FLOPs) between them,
-  with wgmma at the library rate; the exp of P's recomputation and dS on the vector pipe come
-  between the first two GEMMs and the last three, so one warpgroup's softmax work runs under
-  another's GEMMs. The step's dQ part is added to the accumulator with one atomic add of the
-  tile (FA3: TMA reduce-add) once every warpgroup has finished it.
+  with wgmma. Between the first two GEMMs and the last three, in the order of FA3's bwd_step
+  (hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp, commit 0105a8fd): P = exp2(S scale - lse) once S's
+  wgmma is waited for (warpgroup_wait<1>); dS = P o (dP - D) once dP's is (warpgroup_wait<0>), a
+  second pass over the tile on the FP32 lanes; dS (and P, where the dV GEMM reads P from shared
+  memory: Mma_dKV_is_RS false, head dims above 128) converted to 16 bits and stored to shared
+  memory (st.shared) before the next GEMM is issued, behind a named barrier of every MMA thread.
+  The step's dQ part is staged in shared memory (fp32, while the dK GEMM runs: head dims below
+  256, dQacc_use_TMA) and added to the accumulator with one atomic add of the tile (FA3: TMA
+  reduce-add) once every warpgroup has finished it.
 Numerics (data mode): the step's gradients are computed once, in float64, by the warpgroup that
 finishes the step last, as flash2's backward computes them.
 """
@@ -26,7 +31,7 @@ import numpy as np
 from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.time_model import WGMMA
 
-from .backward_common import bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
+from .backward_common import bwd_ds_flops, bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
 from .flash2_backward import flash2_backward
 from .flash3 import flash3_forward
@@ -39,6 +44,14 @@ def flash3_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages_do: 
     e, d = wl.itemsize, wl.head_dim
     return (2 * block_q + stages_do * block_q + 2 * block_kv) * d * e + 2 * block_q * block_kv * e \
         + 2 * 2 * block_q * 4
+
+
+def mma_dkv_is_rs(head_dim: int) -> bool:
+    """Whether FA3's backward feeds the dV and dK GEMMs P and dS from registers (Mma_dKV_is_RS =
+    AtomLayoutMSdP == 1 && AtomLayoutNdKV == NumMmaWarpGroups && SdP_swapAB && !dKV_swapAB):
+    true for the sm90 instantiations of head dims 64, 96 and 128, false for 192 and 256
+    (hopper/flash_bwd_launch_template.h, run_mha_bwd_hdim64 .. hdim256, Arch >= 90)."""
+    return head_dim <= 128
 
 
 def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
@@ -65,6 +78,12 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
     scale, e = wl.softmax_scale, wl.itemsize
     numeric = data is not None
+    # 16-bit tiles a step stores to shared memory for the GEMMs after it: dS (the dQ GEMM's operand),
+    # and P where the dV GEMM does not take it from registers
+    stored_tiles = 1 if mma_dkv_is_rs(d) else 2
+    # the dQ GEMM's operand reads: dS; and where P and dS are not in registers, the dV and dK GEMMs' P and dS
+    read_tiles = 1 if mma_dkv_is_rs(d) else 3
+    dq_staged = d < 256          # dQacc_use_TMA: dQ's fp32 tile goes through shared memory to the TMA reduce-add
     all_cols, one = slice(0, d), slice(0, 1)
 
     def main(ctx, index):
@@ -105,13 +124,21 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 # from shared memory: Q_i, dO_i once, K_j, V_j once per query tile
                 yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
                                        sram_bytes=(2 * n + 2 * tiles * nc) * d * e // warpgroups)
-                # P = exp(S - lse) and dS = P o (dP - D) on the vector pipe (its share of the rows)
-                yield from ctx.compute(vector_flops=bwd_vector_flops(wl, n, nc) // warpgroups,
+                # P = exp2(S scale - lse) (its share of the rows): the recomputation's vector work
+                # (bwd_vector_flops less dS's) and every exp
+                ds_ops = bwd_ds_flops(n, nc)
+                yield from ctx.compute(vector_flops=(bwd_vector_flops(wl, n, nc) - ds_ops) // warpgroups,
                                        exp_ops=n * nc // warpgroups)
-                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): P and dS written to and
-                # read from shared memory, dO, Q, K read again
+                # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (2 bytes a
+                # score each) through shared memory's 128 B/clk, before the next GEMM is issued
+                yield from ctx.compute(vector_flops=ds_ops // warpgroups,
+                                       sram_bytes=stored_tiles * n * nc * e // warpgroups)
+                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): the stored tiles read from
+                # shared memory, dO, Q, K read again; dQ's fp32 tile (4 n d bytes) staged while dK's
+                # GEMM runs
                 yield from ctx.compute(matmul_flops=6 * n * nc * d // warpgroups,
-                                       sram_bytes=(4 * n * nc + 2 * n * d + tiles * nc * d) * e // warpgroups)
+                                       sram_bytes=((read_tiles * n * nc + 2 * n * d + tiles * nc * d) * e
+                                                   + (4 * n * d if dq_staged else 0)) // warpgroups)
                 finished[s_i] += 1
                 if finished[s_i] < warpgroups:
                     continue

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
-from .common import tiles_per_step
+from .common import bwd_tiles_per_step, tiles_per_step
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_backward import flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
@@ -148,11 +148,10 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     fp8 = _fp8(m)
     _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
     pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
-    even = not wl.causal
     fwd_step = _fwd_step(wl, m) if fast else 1
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
-        bwd_step = tiles_per_step(math.ceil(wl.seq_len_q / m.block_q_bwd), even) if fast else 1
+        bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q))
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
@@ -174,13 +173,13 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 
 
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
-    c, even = math.ceil, not wl.causal
+    c = math.ceil
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
     steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (_fwd_step(wl, m) if fast else 1))
     if training:
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
-        steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * c(q_tiles / (tiles_per_step(q_tiles, even)
-                                                                                    if fast else 1))
+        q_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
+        steps += 2 * wl.groups * c(wl.seq_len_kv / m.block_kv_bwd) * c(q_tiles / q_step)
     return steps
 
 

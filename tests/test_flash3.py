@@ -237,6 +237,35 @@ def test_fast_mode_takes_several_causal_tiles_a_step_in_a_long_grid_with_the_sam
     assert coarse["sim_events"] < 0.7 * per_tile["sim_events"]
 
 
+def test_fast_mode_backward_takes_the_causal_rule_in_a_grid_of_2048_kv_blocks_with_the_same_counts():
+    """A key-parallel backward's fast-mode step (common.bwd_tiles_per_step): the causal rule over
+    the longest loop once the main kernel's grid holds 2,048 K/V blocks; a step per tile below that
+    (FA3's head dim 256 moved by up to 1.1%); without a mask the even rule. Coarse steps end at
+    multiples of the step, so the counts are a step per tile's: batch 1, 2 heads, N = 2048, head
+    dim 64, causal, two query tiles a step forced."""
+    from hbmsim.algorithms import common, flash3_spec
+    from hbmsim.scenarios.experiment import Config, Experiment, RunSpec
+    from hbmsim.scenarios.runner import prepare, run_config
+    rule = common.bwd_tiles_per_step
+    big = Workload(1, 32, 8192, 8192, 64, causal=True)             # 32 x 64 = 2,048 K/V blocks of 128
+    assert rule(big, 128, 128) == 2 and rule(Workload(1, 32, 16384, 16384, 64, causal=True), 128, 128) == 4
+    assert rule(Workload(1, 31, 8192, 8192, 64, causal=True), 128, 128) == 1      # 1,984 blocks
+    assert rule(Workload(1, 1, 8192, 8192, 64), 128, 128) == 4                    # no mask: 64 tiles, 16 steps
+    wl = Workload(1, 2, 2048, 2048, 64, causal=True)
+    run = RunSpec("flash3", ("forward", "backward"), {})
+    cfg = prepare(Experiment("x", "x", H100, [Config(H100, wl, run)])).configs[0]
+    per_tile = run_config(cfg, True, fast=True)
+    flash3_spec.bwd_tiles_per_step = lambda wl, block_q, block_kv: 2
+    try:
+        coarse = run_config(cfg, True, fast=True)
+    finally:
+        flash3_spec.bwd_tiles_per_step = rule
+    fine_bwd, coarse_bwd = (next(r for r in rs if r["pass"] == "backward") for rs in (per_tile, coarse))
+    for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops"):
+        assert coarse_bwd[f] == fine_bwd[f], f
+    assert coarse_bwd["sim_events"] < 0.9 * fine_bwd["sim_events"]       # (the program's, forward's too)
+
+
 def test_the_serial_bound_script_by_hand(capsys):
     """scripts/fa3_serial_bound.py: wgmma at the spec peak plus the exps, nothing overlapped. FA3
     fp16, head dim 128, B 4, H 16, N 4096, no mask, at the paper's 1830 MHz: 4 N^2 d = 8.590e9
@@ -261,3 +290,32 @@ def test_the_serial_bound_script_by_hand(capsys):
     assert "fa3-kernel no mask      9      1.5%" in capsys.readouterr().out
     assert bound.main(["h100-torch-fwd-bwd"]) == 2
     assert "no flash3 forward run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("d, n_q, n_kv, stored, read, dq_staged", [(64, 128, 128, 1, 1, True),
+                                                                   (256, 64, 80, 2, 3, False)])
+def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, read, dq_staged):
+    """One block, one step of the main backward kernel: each consumer warpgroup's GEMMs, then P's exps,
+    then dS = P o (dP - D) on the FP32 lanes with its stores to shared memory, then the last three
+    GEMMs (FA3's bwd_step order). Head dim 64 feeds dV and dK from registers and stages dQ in shared
+    memory; 256 stores P and dS and adds dQ from registers. The SM's busy time is the calls' sum."""
+    from hbmsim.algorithms.backward_common import bwd_vector_flops
+    from hbmsim.simulator.time_model import WGMMA, SmRates
+    wl = Workload(1, 1, n_q, n_kv, d, dtype="fp16")
+    m = resolved(wl, training=True)
+    assert (m.block_q_bwd, m.block_kv_bwd) == (n_q, n_kv)            # one block, one step
+    result = simulate(H100, SPEC.build(wl, m, None, True))
+    main = next(k for k in result.kernels if k.name == "flash3_bwd")
+    n, nc, e, wgs = n_q, n_kv, 2, 2
+    vec = bwd_vector_flops(wl, n, nc)
+    calls = [  # (matmul flops, vector ops, exps, shared-memory bytes) of one warpgroup
+        (4 * n * nc * d // wgs, 0, 0, (2 * n + 2 * nc) * d * e // wgs),
+        (0, (vec - 2 * n * nc) // wgs, n * nc // wgs, 0),
+        (0, 2 * n * nc // wgs, 0, stored * n * nc * e // wgs),
+        (6 * n * nc * d // wgs, 0, 0,
+         ((read * n * nc + 2 * n * d + nc * d) * e + (4 * n * d if dq_staged else 0)) // wgs)]
+    rates = SmRates(H100, TimeModel())
+    by_hand_s = wgs * sum(sum(rates.compute_s(WGMMA, *c)) for c in calls)
+    assert main.compute_busy_s == pytest.approx(by_hand_s, rel=1e-9)
+    assert main.sram_read_bytes == wgs * sum(c[3] for c in calls)
+    assert main.vector_flops == vec and main.exp_ops == n * nc     # the counts are the program's, split not changed
