@@ -37,7 +37,11 @@ method it used in the output file:
   wave (time_model.py: block_dispatch; docs/validation.md, "Lock-step waves").
 - host_sdpa (PyTorch): torch.nn.functional.scaled_dot_product_attention on tiny fp16 inputs,
   forward and forward+backward, one call at a time: CUDA-event seconds, host seconds of the call,
-  and wall seconds to the synchronise. Not a HostSpec field: recorded for validation.
+  and wall seconds to the synchronise. On such inputs the host's work is all a call costs:
+  sdpa_forward_s = the forward's host seconds (median over the shapes) less the op and the launch
+  the fields above charge for it; sdpa_backward_s = the backward's (forward+backward less forward)
+  less the engine's start and end, one node and three launches (FA2's preprocess, main and
+  dQ-conversion kernels).
 
 host_fields(results) turns the entries into HostSpec's fields (the file's "host_spec");
 simulator/host.py's host_from_measured reads them back. An entry that could not be measured
@@ -67,6 +71,9 @@ DERIVATION = {
                         "host_autograd.intercept_s, the whole fixed cost)",
     "backward_end_s": "host_autograd.intercept_s - backward_start_s (without host_autograd_first_kernel: 0)",
     "queue_launches": "host_queue.queue_launches",
+    "sdpa_forward_s": "median over host_sdpa.runs of forward.host_s, less eager_op_s and launch_s",
+    "sdpa_backward_s": "median over host_sdpa.runs of (forward+backward).host_s - forward.host_s, less "
+                       "backward_start_s, backward_end_s, autograd_node_s and 3 x launch_s",
 }
 
 
@@ -180,6 +187,15 @@ def host_fields(results: dict) -> dict:
     queue = get("host_queue", "queue_launches")
     if queue is not None:
         out["queue_launches"] = queue
+    sdpa = results.get("host_sdpa")
+    runs = sdpa.get("runs") if isinstance(sdpa, dict) and "skipped" not in sdpa else None
+    if runs and "eager_op_s" in out:
+        fwd = statistics.median(r["forward"]["host_s"] for r in runs)
+        out["sdpa_forward_s"] = fwd - out["eager_op_s"] - launch
+        if "backward_start_s" in out and "autograd_node_s" in out:      # (backward_end_s: 0 where not split)
+            engine = out["backward_start_s"] + out.get("backward_end_s", 0.0) + out["autograd_node_s"]
+            bwd = statistics.median(r["forward+backward"]["host_s"] - r["forward"]["host_s"] for r in runs)
+            out["sdpa_backward_s"] = bwd - engine - 3 * launch
     return out
 
 

@@ -30,6 +30,9 @@ class Implementation:
     # (Launch.host_ops): the stopwatch sees them (simulator/host.py). Python-level calls that are
     # not framework ops (sdpa_kernel's backend flags, setting .grad to None) are not counted.
     caller_ops: tuple = ()
+    # whether the timed_here harness calls torch.nn.functional.scaled_dot_product_attention: each pass
+    # then pays SDPA's own host work (simulator/host.py: sdpa_forward_s, sdpa_backward_s)
+    sdpa: bool = False
 
     def describe(self, what: str) -> str:
         """The provenance's line for this implementation: its program, variant and `what` ran."""
@@ -45,7 +48,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         # forward: q, k and v each .transpose(1, 2) (a view, recorded by autograd) before SDPA, whose own op
         # is the program's; backward: the engine and SDPA's node are the program's, the transposes' nodes
         # run after its kernels
-        caller_ops=(("forward", 3),)),
+        caller_ops=(("forward", 3),), sdpa=True),
     Implementation(
         "fa1", "flash1", "fa1-kernel",
         in_fa2_paper="FlashAttention v1.0.9, the newest v1 at the time (Dao-AILab/flash-attention#505), which "
@@ -63,7 +66,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
                    "fused flash attention, cuDNN {cudnn} in torch {torch}; on sm90 a warp-specialised kernel with "
                    "TMA loads and wgmma GEMMs, as FlashAttention-3's: not FA3 itself, its tiles and schedule are "
                    "cuDNN's own)",
-        caller_ops=(("forward", 3),)),       # the same harness as fa2's: three transposes before SDPA
+        caller_ops=(("forward", 3),), sdpa=True),    # the same harness as fa2's: three transposes before SDPA
     Implementation(
         "fa3", "flash3", "fa3-kernel",
         timed_here="flash_attn_interface.flash_attn_func of FlashAttention-3 (the hopper/ directory of "
@@ -75,7 +78,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
         timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.FLASH_ATTENTION and "
                    "enable_gqa=True, q (B, 32, 1, 128) against k, v (B, 8, N, 128), forward only (the "
                    "FlashAttention-2 kernels vendored in torch {torch}: split-KV and packed GQA as its mha_fwd "
-                   "decides)"),
+                   "decides)",
+        sdpa=True),
     Implementation(
         "fa2-kvcache", "flash2", "fa2-kernel", grid="decode",
         timed_here="flash_attn.flash_attn_with_kvcache of the flash-attn package (version in the provenance), "

@@ -83,6 +83,7 @@ class Job:
     calls: str = "one"     # how the run's calls were timed: "one" (a stopwatch around one synchronised
                            # call) or "back-to-back" (a loop of calls between two synchronises: calls_of)
     repeats: tuple | None = None   # (min, median, max) of the run's repeats (repeats_of)
+    sdpa: bool = False     # the timed call is torch's scaled_dot_product_attention (sdpa_of)
 
 
 def _passes(pass_name: str, where: str) -> tuple:
@@ -157,6 +158,14 @@ def caller_ops_of(where: str, r: dict, provenance: dict) -> tuple:
     return tuple(sorted(ops.items()))
 
 
+def sdpa_of(r: dict, provenance: dict) -> bool:
+    """Whether the run's timed call is torch's scaled_dot_product_attention: an implementation that
+    `python -m hbmsim.kernels.library` times through SDPA (Implementation.sdpa), in a file that
+    harness wrote (its provenance's command), as caller_ops_of decides."""
+    impl = IMPLEMENTATIONS.get(r.get("implementation"))
+    return bool(impl and impl.sdpa and LIBRARY_COMMAND.search(str(provenance.get("command", ""))))
+
+
 def repeats_of(where: str, r: dict) -> tuple | None:
     """(min, median, max) of the run's timed repeats ("times_s": this project's files keep the 30
     CUDA-event times whose mean is "time_s"), or None where it keeps fewer than two; a repeat that
@@ -186,17 +195,19 @@ def calls_of(where: str, r: dict) -> str:
     return calls
 
 
-def stopwatch_s(res: dict, caller_ops: tuple, model: TimeModel, calls: str = "one") -> float:
+def stopwatch_s(res: dict, caller_ops: tuple, model: TimeModel, calls: str = "one", sdpa: bool = False) -> float:
     """The predicted time of a result `res` (a pass, or forward+backward) as the run's harness
     timed it (host.call_time_s over its kernels): one call, its host's dispatch before the kernels
-    (`caller_ops` of the harness's own first), or calls back to back, each the period of the loop;
-    the kernels' time alone (res's time_s) when the host effect is off."""
+    (`caller_ops` of the harness's own first; with `sdpa` and the sdpa_call effect, SDPA's own host
+    work), or calls back to back, each the period of the loop; the kernels' time alone (res's
+    kernel_time_s) when the host effect is off."""
     if not model.host:
-        return res["time_s"]
+        return res.get("kernel_time_s", res["time_s"])
     steps: dict = {}
     for k in res["kernels"]:
         steps.setdefault(k["pass"], []).append(HostStep(k["time_s"], k["host_ops"], k["launched"]))
-    return call_time_s(steps, model.host_spec or DEFAULT_HOST, dict(caller_ops), loop=calls == "back-to-back")
+    return call_time_s(steps, model.host_spec or DEFAULT_HOST, dict(caller_ops), loop=calls == "back-to-back",
+                       sdpa=sdpa and model.sdpa_call)
 
 
 def configs_of(path: str, runs: list, only: str | None = None, max_seq_len: int | None = None) -> list:
@@ -222,7 +233,7 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
                 index[key] = len(configs)
                 configs.append(cfg)
             jobs.append(Job(index[key], r, cfg.where, caller_ops_of(cfg.where, r, measured.provenance),
-                            calls_of(cfg.where, r), repeats_of(cfg.where, r)))
+                            calls_of(cfg.where, r), repeats_of(cfg.where, r), sdpa_of(r, measured.provenance)))
     if not jobs:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     return configs, jobs
@@ -256,6 +267,9 @@ def result_of(results: list, pass_name: str) -> dict:
     return next(x for x in results if x["pass"] == pass_name and not x.get("alone"))
 
 
+HOST_EFFECTS = ("host", "sdpa_call")     # effects on the stopwatch's host part only, not on the simulation
+
+
 def ablation_models(model: TimeModel) -> dict:
     """{label: model} for an ablation: `model` with each of its effects that is on switched off in
     turn, then with every effect off ("all off": spec-sheet rates, a compute call as long as its
@@ -281,7 +295,7 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None,
     rows = r.get("kernels")
     groups = compare_kernels(cfg.run.algorithm, res.get("variant", ""), res["kernels"], rows or [])
     measured_kernel_s = sum(k["time_s"] for k in rows) if rows else None
-    predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls)
+    predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls, job.sdpa)
     return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, predicted_s, r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
                  tuple(groups or ()), job.repeats)
@@ -302,7 +316,11 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     configs, jobs = share_training_runs(exp.configs, jobs)
     exp = dataclasses.replace(exp, configs=configs)
     models = {"": model, **(ablation_models(model) if ablation else {})}
-    n = len(models) * len(exp.configs)
+    # a model that differs from `model` only in the host's effects times the same simulation differently
+    # (stopwatch_s): its results are the main run's
+    same_sim = {label for label, m in models.items()
+                if label and dataclasses.replace(m, **{e: getattr(model, e) for e in HOST_EFFECTS}) == model}
+    n = (len(models) - len(same_sim)) * len(exp.configs)
     done: dict = {label: {} for label in models}
     finished = 0
 
@@ -318,12 +336,16 @@ def validate(refs: list, only: str | None = None, max_seq_len: int | None = None
     if workers is None and len(exp.configs) >= AUTO_WORKERS_FROM:
         workers = os.cpu_count() or 1          # a long validation uses every core by default
     for label, m in models.items():
+        if label in same_sim:
+            continue
         run_sweep(exp, count_only=True, model=m, workers=workers if workers and workers > 1 else None, fast=not full,
                   on_config=lambda i, rs, label=label: arrived(label, i, rs), forward_alone=True)
+    for label in same_sim:
+        done[label] = done[""]
 
     def pass_time(label: str, j: Job) -> float:
         return stopwatch_s(result_of(done[label][j.config], j.run.get("pass", "forward")), j.caller_ops, models[label],
-                           j.calls)
+                           j.calls, j.sdpa)
     points[:] = [point_of(j, exp.configs[j.config], done[""][j.config],
                           {label: pass_time(label, j) for label in models if label} if ablation else None, model)
                  for j in jobs]        # whole: in the files' order

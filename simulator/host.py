@@ -23,10 +23,13 @@ after the last node, back), and after its last launch `backward_end_s` (no publi
 the two hand-overs, so the public figures put the whole before the first node, an upper bound on
 what the stopwatch of a long backward sees; `hbmsim microbench --host` measures the split). The
 caller's own ops around the library call (`caller_ops`: a timing harness's transposes before
-SDPA, say) are paid before the pass's first launch. Device work that no launch starts (the L2's
+SDPA, say) are paid before the pass's first launch, and so is the host work of a call of torch's
+scaled_dot_product_attention beyond its op and launches (sdpa_forward_s, sdpa_backward_s: checks,
+backend selection, allocations) where the timed call is one. Device work that no launch starts (the L2's
 write-back of dirty lines at a pass's end) follows the last kernel.
 
-The fields are public figures, cited in SOURCES; `hbmsim microbench` measures them on a GPU.
+The fields are public figures (the SDPA call's, which none gives, this project's measurement), cited
+in SOURCES; `hbmsim microbench` measures them on a GPU.
 Nothing here is fitted to a measured pass time.
 """
 from __future__ import annotations
@@ -43,6 +46,11 @@ class HostSpec:
     backward_start_s: float = 95.7e-6 # the autograd engine's fixed cost of a backward call on CUDA tensors
     backward_end_s: float = 0.0       # of which after the last node (the hand-back): 0, all of it counted before
     queue_launches: int = 1000        # launches the host may queue ahead of the GPU before a launch blocks
+    # one call of torch's scaled_dot_product_attention: the host's time beyond what the fields above
+    # charge for its op and launch (forward), its node, launches and the engine (backward): argument
+    # checks, backend selection, allocations (measured on tiny calls: kernels/host_microbench.py)
+    sdpa_forward_s: float = 84.7e-6
+    sdpa_backward_s: float = 157.4e-6
 
 
 SOURCES = {
@@ -64,6 +72,14 @@ SOURCES = {
                       "--host` measures the split (host_autograd_first_kernel)",
     "queue_launches": "NVIDIA developer forum (R. Crovella, threads 68937 and 199567): about 1000 launches queue "
                       "per stream before a launch becomes synchronous",
+    "sdpa_forward_s": "no public figure; measured by this project on an H100 (scenarios/measured/h100-host.json, "
+                      "host_sdpa: torch 2.11, one SDPA call on fp16 inputs of batch 1, 1 head, N = 128 and 512, "
+                      "head dim 64): 96.5 us of host time a forward call (median of the two), less the op and the "
+                      "launch the public fields above charge for it (6.8 + 5 us)",
+    "sdpa_backward_s": "no public figure; the same measurement: a forward and backward call took 274.9 us more host "
+                       "time than the forward alone, less the engine (95.7 us), one node (6.8 us) and three "
+                       "launches (FA2's preprocess, main and dQ-conversion kernels: 3 x 5 us) the public fields "
+                       "charge",
 }
 
 DEFAULT_HOST = HostSpec()
@@ -88,11 +104,16 @@ class PassTimes:
     period_s: float = 0.0    # a call's time when calls run back to back: max(kernels and their gaps, host_s)
 
 
-def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST, caller_ops: int = 0) -> PassTimes:
+def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST, caller_ops: int = 0,
+               sdpa: bool = False) -> PassTimes:
     """The stopwatch's view of one pass whose kernels are `steps` (HostStep, in program order), the
-    caller dispatching `caller_ops` framework ops of its own before the first launch."""
+    caller dispatching `caller_ops` framework ops of its own before the first launch; `sdpa`: the
+    pass is a call of torch's scaled_dot_product_attention, whose own host work (sdpa_forward_s,
+    sdpa_backward_s) comes before its first launch."""
     op_s = host.autograd_node_s if backward else host.eager_op_s
     h = (host.backward_start_s if backward else 0.0) + caller_ops * op_s
+    if sdpa:
+        h += host.sdpa_backward_s if backward else host.sdpa_forward_s
     end = 0.0
     starts, issues = [], []
     launched = 0
@@ -117,12 +138,13 @@ def pass_times(steps: list, backward: bool, host: HostSpec = DEFAULT_HOST, calle
 
 
 def call_time_s(passes: dict, host: HostSpec = DEFAULT_HOST, caller_ops: dict | None = None,
-                loop: bool = False) -> float:
+                loop: bool = False, sdpa: bool = False) -> float:
     """A call's time over its passes ({pass name: [HostStep, ...]}, each pass its own stopwatch,
     summed): one synchronised call (PassTimes.time_s), or with `loop` a call of a loop of calls
-    (PassTimes.period_s); `caller_ops` ({pass: ops}) the caller's own ops before each pass."""
+    (PassTimes.period_s); `caller_ops` ({pass: ops}) the caller's own ops before each pass; `sdpa`:
+    each pass a call of torch's SDPA (pass_times)."""
     ops = caller_ops or {}
-    times = (pass_times(steps, name == "backward", host, ops.get(name, 0)) for name, steps in passes.items())
+    times = (pass_times(steps, name == "backward", host, ops.get(name, 0), sdpa) for name, steps in passes.items())
     return sum(t.period_s if loop else t.time_s for t in times)
 
 

@@ -118,6 +118,12 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
   (a result's `kernel_time_s`, which every result gives either way).
+- sdpa_call (with host): a measured call of torch's scaled_dot_product_attention (validate: an
+  implementation timed through SDPA by this project's harness) pays SDPA's own host work before
+  its first launch: argument checks, backend selection and allocations beyond the op, node and
+  launches the host fields charge (host.HostSpec.sdpa_forward_s, sdpa_backward_s: measured on
+  tiny calls, where the host's work is all a call costs, `hbmsim microbench --host`: 84.7 us a
+  forward, 157.4 us a backward on an H100). Off: SDPA costs an op (a node) and its launches.
 
 With every effect off, the model is the old one: DRAM at the spec sheet's rate and a compute
 call as long as the slowest of its tensor-core, vector and SRAM times at the SM's peak rates.
@@ -166,6 +172,7 @@ class TimeModel:
     wgmma_full_rate: bool = True
     block_dispatch: bool = True
     host: bool = True
+    sdpa_call: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);
     # None: host.DEFAULT_HOST, from public figures
     host_spec: object = None

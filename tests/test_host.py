@@ -29,6 +29,18 @@ def test_the_callers_own_ops_come_before_the_first_launch():
     assert t.starts_s == pytest.approx((127.9 * US, 228.8 * US))
 
 
+def test_an_sdpa_call_pays_its_own_host_work_before_its_first_launch():
+    # forward: SDPA's own 84.7 us, then its op and launch (11.8 us): the kernel starts at 96.5 us
+    t = pass_times([HostStep(100 * US)], backward=False, sdpa=True)
+    assert t.starts_s == pytest.approx((96.5 * US,)) and t.time_s == pytest.approx(196.5 * US)
+    # backward: the engine (95.7) and SDPA's 157.4 us, the node and the first launch (11.8): 264.9 us;
+    # the next two kernels, launched by 269.9 and 274.9 us, wait for the one before (+ 0.9 us gaps)
+    t = pass_times([HostStep(10 * US, 1), HostStep(50 * US, 0), HostStep(5 * US, 0)], backward=True, sdpa=True)
+    assert t.starts_s == pytest.approx((264.9 * US, 275.8 * US, 326.7 * US)) and t.time_s == pytest.approx(331.7 * US)
+    assert t.host_s == pytest.approx(274.9 * US)
+    assert pass_times([HostStep(100 * US)], backward=False).time_s == pytest.approx(111.8 * US)   # not SDPA
+
+
 def test_calls_back_to_back_take_the_slower_of_the_gpu_and_the_host():
     # a loop of calls: each call's host work (2 x 11.8 = 23.6 us) overlaps the kernels of the one before;
     # two 100 us kernels and their gaps take 201.8 us a call, two 1 us kernels wait for the host's 23.6 us

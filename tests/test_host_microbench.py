@@ -60,6 +60,31 @@ def test_the_engines_start_and_end_split_by_the_first_kernel():
     assert "backward_end_s" not in H.host_fields(RESULTS)      # without it: the whole before the first node
 
 
+def test_sdpas_own_host_work_from_the_tiny_calls():
+    # forward calls of 30 and 40 us (median 35) less the op (7) and the launch (4): 24 us; the backward
+    # (70 and 80 us more, median 75) less the engine (15, not split), one node (6) and 3 launches (12): 42 us
+    runs = [{"forward": {"host_s": 30 * US}, "forward+backward": {"host_s": 100 * US}},
+            {"forward": {"host_s": 40 * US}, "forward+backward": {"host_s": 120 * US}}]
+    fields = H.host_fields({**RESULTS, "host_sdpa": {"runs": runs}})
+    assert fields["sdpa_forward_s"] == pytest.approx(24 * US) and fields["sdpa_backward_s"] == pytest.approx(42 * US)
+    assert "sdpa_forward_s" not in H.host_fields({**RESULTS, "host_sdpa": {"skipped": "no PyTorch"}})
+
+
+def test_the_default_sdpa_fields_give_the_h100s_tiny_call():
+    """By construction: with the public fields, a tiny SDPA call's host time is the H100's measured one
+    (h100-host.json: 96.5 us a forward, 274.9 us more for its backward)."""
+    import json
+    import statistics
+    from hbmsim.scenarios.published import resolve_measured
+    runs = json.loads(resolve_measured("h100-host").read_text())["results"]["host_sdpa"]["runs"]
+    fwd = statistics.median(r["forward"]["host_s"] for r in runs)
+    bwd = statistics.median(r["forward+backward"]["host_s"] - r["forward"]["host_s"] for r in runs)
+    h = DEFAULT_HOST
+    assert h.sdpa_forward_s + h.eager_op_s + h.launch_s == pytest.approx(fwd, abs=0.1 * US)
+    assert h.sdpa_backward_s + h.backward_start_s + h.backward_end_s + h.autograd_node_s + 3 * h.launch_s \
+        == pytest.approx(bwd, abs=0.1 * US)
+
+
 def test_host_fields_leave_out_what_was_not_measured():
     res = {**RESULTS, "host_torch_dispatch": {"skipped": "PyTorch is not installed"},
            "host_autograd": {"skipped": "PyTorch is not installed"}}
@@ -275,7 +300,7 @@ def test_hbmsim_microbench_without_gpu_says_so_in_one_line(tmp_path, monkeypatch
 # ---- host_from_measured on a hand-written file ----
 
 HAND = {"launch_s": 4.2e-6, "launch_gap_s": 1.1e-6, "eager_op_s": 7.5e-6, "autograd_node_s": 8e-6,
-        "backward_start_s": 20e-6, "queue_launches": 1022}
+        "backward_start_s": 20e-6, "queue_launches": 1022, "sdpa_forward_s": 80e-6, "sdpa_backward_s": 150e-6}
 
 
 def _write(tmp_path, spec=HAND, source="measured", name="host.json"):
