@@ -35,10 +35,13 @@ def config_key(cfg, model: TimeModel, fast: bool = False) -> str:
 
 class ResultsLog:
     """An append-only JSON-lines file: one line per finished configuration,
-    {"index": i, "key": config_key, "results": [...]}, written whole and flushed to disk."""
+    {"index": i, "key": config_key, "results": [...]}, written whole and flushed to disk.
+    `shared` (validate's cache, which several processes may append to): each line is written under
+    an exclusive lock, and a line that is not a record is skipped instead of refused."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, shared: bool = False):
         self.path = Path(path)
+        self.shared = shared
 
     def done(self) -> dict:
         """{key: results} of the configurations the file holds. A last line cut short (the process
@@ -56,6 +59,8 @@ class ResultsLog:
                 out[rec["key"]] = rec["results"]
                 good_chars += len(line) + 1
             except (json.JSONDecodeError, KeyError, TypeError):
+                if self.shared:
+                    continue
                 if n == len(lines):          # cut short: dropped, so the next record starts a line
                     with self.path.open("r+") as fh:
                         fh.truncate(len(text[:good_chars].encode()))
@@ -64,10 +69,21 @@ class ResultsLog:
         return out
 
     def append(self, index: int, key: str, results: list) -> None:
+        line = json.dumps({"index": index, "key": key, "results": results}) + "\n"
         with self.path.open("a") as fh:
-            fh.write(json.dumps({"index": index, "key": key, "results": results}) + "\n")
+            if self.shared:
+                import fcntl
+                fcntl.flock(fh, fcntl.LOCK_EX)         # released when the file closes
+                if fh.tell() and not self._ends_with_newline():
+                    line = "\n" + line                  # after a line another process left cut short
+            fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
+
+    def _ends_with_newline(self) -> bool:
+        with self.path.open("rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
 
 
 # A worker's own housekeeping takes the GIL from the task it runs: its statistical profiler
@@ -93,7 +109,8 @@ def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None
     """Run the experiment's configurations, those in `log` skipped, on `workers` local processes
     (a LocalCluster), on the cluster at `scheduler`, or here one after the other (neither given).
     `results` (the caller's list) holds, in the experiment's order, every configuration finished
-    so far, so that an error or Ctrl-C keeps them; `on_result(results)`, `on_config(i, its results)`
+    so far, so that an error or Ctrl-C keeps them; `on_config(i, its results)` (first for each one
+    `log` holds, in order), `on_result(results)`
     and `progress(done, n, cfg, result, None)` are called as each one arrives. `fast`,
     `forward_alone`: as run_config."""
     model = TimeModel() if model is None else model
@@ -118,7 +135,12 @@ def run_sweep(exp: Experiment, count_only: bool = False, model: TimeModel | None
             progress(len(got), n, exp.configs[i], rs[-1], None)
 
     results[:] = [r for j in sorted(got) for r in got[j]]
+    if on_config:
+        for i in sorted(got):                # those the log already holds, before any new one
+            on_config(i, got[i])
     pending = [i for i in range(n) if i not in got]
+    if not pending:
+        return results
     if workers is None and scheduler is None:
         for i in pending:
             arrived(i, run_config(exp.configs[i], count_only, model=model, fast=fast, forward_alone=forward_alone))

@@ -385,3 +385,28 @@ def test_bad_calls_are_one_line(tmp_path, capsys):
     assert main(["validate", str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "runs[0]: field 'calls' = 'many' must be one of one, back-to-back" in err
+
+
+def test_a_rerun_of_the_same_code_takes_its_simulations_from_the_cache(tmp_path, monkeypatch):
+    """validate keeps each finished simulation in $HBMSIM_CACHE/validate/<hash of the code>.jsonl: a
+    rerun simulates nothing it holds (the same points), --no-cache simulates again, and a file another
+    code left is removed."""
+    from hbmsim.scenarios import sweep
+    from hbmsim.scenarios.validate import source_hash
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HBMSIM_CACHE", str(cache))
+    monkeypatch.delenv("HBMSIM_NO_CACHE")
+    (cache / "validate").mkdir(parents=True)
+    (cache / "validate" / "0123456789abcdef0123.jsonl").write_text("{}\n")       # an older code's
+    args = SUBSET + ["--workers", "1", "--json"]
+    assert main(args + [str(tmp_path / "first.json")]) == 0
+    assert [f.name for f in (cache / "validate").iterdir()] == [f"{source_hash()}.jsonl"]
+
+    def simulated(*a, **k):
+        raise AssertionError("simulated a configuration the cache holds")
+    monkeypatch.setattr(sweep, "run_config", simulated)
+    assert main(args + [str(tmp_path / "second.json")]) == 0
+    first, second = (json.loads((tmp_path / f).read_text())["points"] for f in ("first.json", "second.json"))
+    assert len(first) == 4 and second == first
+    with pytest.raises(AssertionError, match="simulated a configuration"):
+        main(args + [str(tmp_path / "third.json"), "--no-cache"])

@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     v.add_argument("--workers", type=count(1), metavar="N",
                    help="simulate on N local processes (a Dask LocalCluster, as `run --workers`; default: every "
                         "core when there are 16 distinct configurations or more, 1: this process only)")
+    v.add_argument("--no-cache", action="store_true",
+                   help="simulate every configuration again (default: reuse the simulations a validate of the same "
+                        "code kept in $HBMSIM_CACHE/validate, ~/.cache/hbmsim by default)")
     add_without(v)
     v.set_defaults(func=cmd_validate)
 
@@ -66,7 +69,7 @@ def cmd_validate(args) -> int:
     try:
         with sigterm_as_interrupt():
             V.validate(refs, args.only, args.max_seq_len, progress, points, model=model, ablation=args.ablation,
-                       full=args.full, workers=args.workers)
+                       full=args.full, workers=args.workers, cache=not args.no_cache)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
