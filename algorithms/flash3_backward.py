@@ -129,7 +129,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 ds_ops = bwd_ds_flops(n, nc)
                 yield from ctx.compute(vector_flops=(bwd_vector_flops(wl, n, nc) - ds_ops) // warpgroups,
                                        exp_ops=n * nc // warpgroups)
-                # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (2 bytes a
+                # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (e bytes a
                 # score each) through shared memory's 128 B/clk, before the next GEMM is issued
                 yield from ctx.compute(vector_flops=ds_ops // warpgroups,
                                        sram_bytes=stored_tiles * n * nc * e // warpgroups)
