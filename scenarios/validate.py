@@ -40,7 +40,8 @@ from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hard
 from .kernel_rows import compare_kernels
 from .published import resolve_measured
 from .runner import prepare
-from .sweep import ResultsLog, config_key, run_sweep
+from .sim_cache import validate_cache
+from .sweep import config_key, run_sweep
 
 LONG_N = 1024          # the targets are stated for N >= 1024 as well as for every N
 AUTO_WORKERS_FROM = 16 # distinct configurations from which validate runs on every core unless told
@@ -265,52 +266,6 @@ def result_of(results: list, pass_name: str) -> dict:
     if pass_name == "forward" and alone:
         return alone[0]
     return next(x for x in results if x["pass"] == pass_name and not x.get("alone"))
-
-
-# The cache: every simulation validate finishes is kept in $HBMSIM_CACHE/validate/<hash>.jsonl
-# (kernels/emulation.cache_dir; a sweep.ResultsLog), the hash that of every source and preset file
-# of hbmsim's packages, so that a rerun of the same code (another --host-spec, another --only, after
-# Ctrl-C) simulates only what it has not yet; any change to the code starts a new file and removes
-# the old. HBMSIM_NO_CACHE=1 or `--no-cache` turns it off (the tests do).
-NO_CACHE_ENV = "HBMSIM_NO_CACHE"
-CACHE_SUFFIXES = (".py", ".toml")
-
-
-def source_hash() -> str:
-    """sha256 (20 hex digits) of hbmsim's code and presets: the four packages' .py and .toml files,
-    by their path inside the package and their bytes."""
-    import hashlib
-    from pathlib import Path
-    import hbmsim.algorithms
-    import hbmsim.kernels
-    import hbmsim.scenarios
-    import hbmsim.simulator
-    h = hashlib.sha256()
-    for pkg in (hbmsim.algorithms, hbmsim.kernels, hbmsim.scenarios, hbmsim.simulator):
-        root = Path(pkg.__file__).parent
-        for f in sorted(p for p in root.rglob("*") if p.suffix in CACHE_SUFFIXES and "__pycache__" not in p.parts):
-            h.update(f"{pkg.__name__}/{f.relative_to(root).as_posix()}\0".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:20]
-
-
-def validate_cache() -> ResultsLog | None:
-    """The cache's log for this code (module comment above), older codes' files removed; None when
-    HBMSIM_NO_CACHE is set or the cache folder cannot be written."""
-    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
-        return None
-    from hbmsim.kernels.emulation import cache_dir
-    folder = cache_dir() / "validate"
-    path = folder / f"{source_hash()}.jsonl"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob("*.jsonl"):
-            if old != path:
-                old.unlink(missing_ok=True)
-        path.touch()
-    except OSError:
-        return None
-    return ResultsLog(path, shared=True)
 
 
 HOST_EFFECTS = ("host", "sdpa_call")     # effects on the stopwatch's host part only, not on the simulation

@@ -14,7 +14,7 @@ from hbmsim.scenarios.explain import default_example
 # the test, so that CI passes or fails the same way on every clone.
 settings.register_profile("ci", derandomize=True, database=None)
 
-# validate's cache of finished simulations (scenarios/validate.py: validate_cache) is off in the
+# validate's cache of finished simulations (scenarios/sim_cache.py) is off in the
 # tests, in this process and the ones it starts: a test that changes a program or the model in
 # place must simulate, not read what another test left (tests/test_validate.py checks the cache)
 os.environ["HBMSIM_NO_CACHE"] = "1"

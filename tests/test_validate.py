@@ -389,10 +389,10 @@ def test_bad_calls_are_one_line(tmp_path, capsys):
 
 def test_a_rerun_of_the_same_code_takes_its_simulations_from_the_cache(tmp_path, monkeypatch):
     """validate keeps each finished simulation in $HBMSIM_CACHE/validate/<hash of the code>.jsonl: a
-    rerun simulates nothing it holds (the same points), --no-cache simulates again, and a file another
-    code left is removed."""
+    rerun simulates nothing it holds (the same points; a line cut short is skipped), --no-cache
+    simulates again, and a file another code left is removed."""
     from hbmsim.scenarios import sweep
-    from hbmsim.scenarios.validate import source_hash
+    from hbmsim.scenarios.sim_cache import source_hash
     cache = tmp_path / "cache"
     monkeypatch.setenv("HBMSIM_CACHE", str(cache))
     monkeypatch.delenv("HBMSIM_NO_CACHE")
@@ -401,6 +401,8 @@ def test_a_rerun_of_the_same_code_takes_its_simulations_from_the_cache(tmp_path,
     args = SUBSET + ["--workers", "1", "--json"]
     assert main(args + [str(tmp_path / "first.json")]) == 0
     assert [f.name for f in (cache / "validate").iterdir()] == [f"{source_hash()}.jsonl"]
+    with (cache / "validate" / f"{source_hash()}.jsonl").open("a") as fh:
+        fh.write('{"index": 0, "key": "cut sh')            # a line another process left cut short: skipped
 
     def simulated(*a, **k):
         raise AssertionError("simulated a configuration the cache holds")
