@@ -41,7 +41,11 @@ method it used in the output file:
   sdpa_forward_s = the forward's host seconds (median over the shapes) less the op and the launch
   the fields above charge for it; sdpa_backward_s = the backward's (forward+backward less forward)
   less the engine's start and end, one node and three launches (FA2's preprocess, main and
-  dQ-conversion kernels).
+  dQ-conversion kernels). A third call, "forward, no grad", on inputs autograd does not record (an
+  inference call's, as decode's): recorded, not yet a field (decode pays no SDPA host work).
+- kernel_floor (PyTorch): torch.profiler's device time of one kernel row of a one-element in-place
+  add, the least a kernel row shows. Not a HostSpec field: recorded for the small kernels' floor
+  (the split-KV combine kernel's 4-10 us rows in h200-decode-sdpa-gqa.json, < 1 us predicted).
 
 host_fields(results) turns the entries into HostSpec's fields (the file's "host_spec");
 simulator/host.py's host_from_measured reads them back. An entry that could not be measured
@@ -424,9 +428,12 @@ def sdpa_tiny(torch, shapes=SDPA_SHAPES, repeats: int = 20) -> dict:
     runs = []
     for b, h, n, d in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+        q0, k0, v0 = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
         go = torch.randn(b, h, n, d, device="cuda", dtype=torch.float16)
         rec = {"batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": "fp16"}
-        calls = (("forward", lambda: sdpa(q, k, v)), ("forward+backward", lambda: sdpa(q, k, v).backward(go)))
+        # "forward, no grad": inputs autograd does not record, as an inference call's (decode)
+        calls = (("forward", lambda: sdpa(q, k, v)), ("forward+backward", lambda: sdpa(q, k, v).backward(go)),
+                 ("forward, no grad", lambda: sdpa(q0, k0, v0)))
         for name, call in calls:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             ev, host, wall = [], [], []
@@ -451,7 +458,32 @@ def sdpa_tiny(torch, shapes=SDPA_SHAPES, repeats: int = 20) -> dict:
     return {"runs": runs, "repeats": repeats,
             "method": "torch.nn.functional.scaled_dot_product_attention (PyTorch picks the backend), one call at a "
                       "time after a synchronise: event_s between CUDA events recorded around it, host_s the host's "
-                      "time to return from the call, wall_s to the end event's synchronise; medians"}
+                      "time to return from the call, wall_s to the end event's synchronise; medians. 'forward' and "
+                      "'forward+backward' on inputs with requires_grad, 'forward, no grad' on inputs without"}
+
+
+def kernel_floor(torch, repeats: int = 10, calls: int = 200, rows_of=None) -> dict:
+    """The shortest device time a kernel row can show: torch.profiler's CUDA rows of a one-element
+    in-place add (one tiny kernel a call), per launch, median over `repeats` profiles of `calls`
+    calls. `rows_of(fn, calls)`: the profiler's rows (library_timing.kernel_rows)."""
+    if rows_of is None:
+        from .library_timing import kernel_rows as rows_of
+    x = torch.zeros(1, device="cuda", dtype=torch.float32)
+
+    def fn():
+        x.add_(1.0)
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    per, rows = [], []
+    for _ in range(repeats):
+        rows = rows_of(fn, calls)
+        launches = sum(r["launches"] for r in rows)
+        per.append(sum(r["time_s"] for r in rows) / launches if launches else 0.0)
+    return {"calls": calls, "repeats": repeats, "kernel_s": statistics.median(per), "kernel_s_all": per,
+            "rows": rows,
+            "method": f"torch.profiler (CUDA activity) around {calls} calls of x.add_(1.0) on a one-element float32 "
+                      "CUDA tensor: the device time of one kernel row, per launch; median over the repeats"}
 
 
 def _guarded(name: str, fn, *args, **kw) -> dict:
@@ -485,6 +517,7 @@ def measure(repeats: int = 10) -> dict:
                                       repeats=repeats)}
     torch, why = _torch()
     for name, f in (("host_torch_dispatch", torch_dispatch), ("host_autograd", autograd_fit),
-                    ("host_autograd_first_kernel", autograd_first_kernel), ("host_sdpa", sdpa_tiny)):
+                    ("host_autograd_first_kernel", autograd_first_kernel), ("host_sdpa", sdpa_tiny),
+                    ("kernel_floor", kernel_floor)):
         res[name] = {"skipped": why} if torch is None else _guarded(name, f, torch, repeats=repeats)
     return res

@@ -280,7 +280,7 @@ class TorchDecode:
             self._flush_buf.zero_()
 
     def measure(self, impl: str, b: int, n: int, page: int | None, warmup: int, repeats: int) -> dict:
-        from .library_timing import _kernels, _stats
+        from .library_timing import _stats, kernel_rows
         torch = self.torch
         with torch.no_grad():
             fn = self._call(impl, b, n, page)
@@ -302,7 +302,7 @@ class TorchDecode:
             def flushed():
                 self._flush()
                 fn()
-            rows = _kernels(flushed, 3)
+            rows = kernel_rows(flushed, 3)
             if self._flush_buf is not None:
-                rows = minus_rows(rows, _kernels(self._flush, 3))
+                rows = minus_rows(rows, kernel_rows(self._flush, 3))
         return {**_stats(times), "kernels": rows, "sm_clock_mhz": clock, "l2_flushed": self.flush_l2}

@@ -142,7 +142,7 @@ def _time(fn, warmup: int, repeats: int) -> list[float]:
     return out
 
 
-def _kernels(fn, calls: int) -> list[dict]:
+def kernel_rows(fn, calls: int) -> list[dict]:
     """The CUDA kernels (and copies) one call of fn launches: name, launches and device seconds per call."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
@@ -184,8 +184,8 @@ def measure_config(impl, batch, seq_len, heads, head_dim, causal, dtype, warmup,
     t1 = time.monotonic()
     bwdt = _time(bwd, warmup, repeats)
     clock_bwd = clocks.window(t1)
-    out = {"forward": {**_stats(fwd), "kernels": _kernels(lambda: fn(*inputs), 3), "sm_clock_mhz": clock_fwd},
-           "backward": {**_stats(bwdt), "kernels": _kernels(bwd, 3), "sm_clock_mhz": clock_bwd}}
+    out = {"forward": {**_stats(fwd), "kernels": kernel_rows(lambda: fn(*inputs), 3), "sm_clock_mhz": clock_fwd},
+           "backward": {**_stats(bwdt), "kernels": kernel_rows(bwd, 3), "sm_clock_mhz": clock_bwd}}
     out["forward+backward"] = {"time_s": out["forward"]["time_s"] + out["backward"]["time_s"],
                                "time_s_median": out["forward"]["time_s_median"] + out["backward"]["time_s_median"]}
     return out

@@ -260,7 +260,7 @@ def test_microbench_host_writes_the_host_file(tmp_path, monkeypatch, fake, capsy
     assert {"cpu_model", "torch", "python", "date", "driver_version", "cupy"} <= set(prov)
     assert set(doc["results"]) == {"host_launch", "host_launch_gap", "host_queue", "block_dispatch",
                                    "host_torch_dispatch", "host_autograd", "host_autograd_first_kernel",
-                                   "host_sdpa"}
+                                   "host_sdpa", "kernel_floor"}
     assert all("method" in v for v in doc["results"].values() if "skipped" not in v)
     assert doc["host_spec_derivation"] == H.DERIVATION
     assert doc["host_spec"] == pytest.approx({"launch_s": 5 * US, "launch_gap_s": 0.9 * US, "queue_launches": 1022})
@@ -385,7 +385,7 @@ class FakeTensor:
 
 
 class FakeTorch:
-    float16 = "float16"
+    float16, float32 = "float16", "float32"
 
     def __init__(self, clock):
         tensor = lambda *shape, device="cuda", dtype=None, requires_grad=False: FakeTensor(clock, device,
@@ -433,7 +433,12 @@ def test_torch_entries_and_their_host_fields(fake):
     assert [(r["seq_len"], r["head_dim"]) for r in s["runs"]] == [(128, 64), (512, 64)]
     fwd = s["runs"][0]["forward"]
     assert fwd["event_s"] == pytest.approx(20 * US) and fwd["host_s"] == pytest.approx(25 * US)
-    assert fwd["wall_s"] == pytest.approx(55 * US) and set(s["runs"][0]) >= {"forward", "forward+backward"}
+    assert fwd["wall_s"] == pytest.approx(55 * US)
+    assert set(s["runs"][0]) >= {"forward", "forward+backward", "forward, no grad"}
+    # the kernel-row floor: rows of 200 calls, 2.5 us a launch (one kernel a call)
+    f = H.kernel_floor(torch, repeats=3, calls=200,
+                       rows_of=lambda fn, calls: [{"name": "add", "launches": 1.0, "time_s": 2.5 * US}])
+    assert f["kernel_s"] == pytest.approx(2.5 * US) and len(f["kernel_s_all"]) == 3 and "method" in f
     fields = H.host_fields({"host_launch": {"host_s_per_launch": 4 * US}, "host_torch_dispatch": d,
                             "host_autograd": a})
     assert fields == pytest.approx({"launch_s": 4 * US, "eager_op_s": 6 * US, "autograd_node_s": 8 * US,
