@@ -80,9 +80,10 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     numeric = data is not None
     # 16-bit tiles a step stores to shared memory for the GEMMs after it: dS (the dQ GEMM's operand),
     # and P where the dV GEMM does not take it from registers
-    stored_tiles = 1 if mma_dkv_is_rs(d) else 2
+    kv_gemms_from_registers = mma_dkv_is_rs(d)
+    stored_tiles = 1 if kv_gemms_from_registers else 2
     # the dQ GEMM's operand reads: dS; and where P and dS are not in registers, the dV and dK GEMMs' P and dS
-    read_tiles = 1 if mma_dkv_is_rs(d) else 3
+    read_tiles = 1 if kv_gemms_from_registers else 3
     dq_staged = d < 256          # dQacc_use_TMA: dQ's fp32 tile goes through shared memory to the TMA reduce-add
     all_cols, one = slice(0, d), slice(0, 1)
 

@@ -64,6 +64,8 @@ from .config import KERNEL_DIR
 
 HOST_SOURCE = KERNEL_DIR / "host_microbench.cu"
 SDPA_SHAPES = ((1, 1, 128, 64), (1, 1, 512, 64))      # batch, heads, seq_len, head_dim (fp16)
+# an SDPA backward's kernels as the model launches them: FA2's preprocess, main and dQ conversion
+SDPA_BACKWARD_LAUNCHES = 3
 
 # How each HostSpec field is derived from the entries (the file records this beside the values).
 DERIVATION = {
@@ -199,7 +201,7 @@ def host_fields(results: dict) -> dict:
         if "backward_start_s" in out and "autograd_node_s" in out:      # (backward_end_s: 0 where not split)
             engine = out["backward_start_s"] + out.get("backward_end_s", 0.0) + out["autograd_node_s"]
             bwd = statistics.median(r["forward+backward"]["host_s"] - r["forward"]["host_s"] for r in runs)
-            out["sdpa_backward_s"] = bwd - engine - 3 * launch
+            out["sdpa_backward_s"] = bwd - engine - SDPA_BACKWARD_LAUNCHES * launch
     return out
 
 

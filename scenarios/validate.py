@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from hbmsim.kernels.implementations import IMPLEMENTATIONS
 from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
 from hbmsim.simulator.host import DEFAULT_HOST, HostStep, call_time_s
+from hbmsim.simulator.time_model import HOST_EFFECTS
 
 from .compare import load
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
@@ -266,9 +267,6 @@ def result_of(results: list, pass_name: str) -> dict:
     if pass_name == "forward" and alone:
         return alone[0]
     return next(x for x in results if x["pass"] == pass_name and not x.get("alone"))
-
-
-HOST_EFFECTS = ("host", "sdpa_call")     # effects on the stopwatch's host part only, not on the simulation
 
 
 def ablation_models(model: TimeModel) -> dict:

@@ -194,6 +194,9 @@ class TimeModel:
 
 
 BASELINE = TimeModel(**{n: False for n in TimeModel.effects()})    # the spec-sheet model
+# effects the stopwatch applies after the simulation (host.py), which no simulated time depends on:
+# models that differ only in them simulate alike
+HOST_EFFECTS = ("host", "sdpa_call")
 
 
 def hbm_rate(gpu, model: TimeModel) -> float:
