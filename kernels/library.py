@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", nargs="+", default=["false", "true"])
     p.add_argument("--max-seq-len", type=int, default=1 << 20)
     p.add_argument("--seq-lens", nargs="+", type=int, help="other sequence lengths (batch = 16384 // N, >= 1)")
+    p.add_argument("--tiles-per-sm", nargs="+", type=positive_int, metavar="K",
+                   help="batch 1 and heads = K x SMs x 128 / N (N from --seq-lens, default 512 1536 4224 8448 "
+                        "16896): K 128-row tiles per SM, one wave")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--ncu", nargs=5, metavar=("IMPL", "D", "N", "CAUSAL", "PASS"))
@@ -104,12 +107,14 @@ def main(argv=None) -> int:
         return op_table(impl, int(d), int(n), causal == "true")
     if a.ncu:
         impl, d, n, causal, pass_name = a.ncu
-        return ncu_one(impl, int(d), int(n), causal == "true", pass_name)
+        if a.tiles_per_sm and len(a.tiles_per_sm) != 1:
+            p.error("--ncu profiles one configuration: give --tiles-per-sm one K")
+        return ncu_one(impl, int(d), int(n), causal == "true", pass_name, a.tiles_per_sm[0] if a.tiles_per_sm else None)
     bad = [i for i in a.impl or () if i not in IMPLEMENTATIONS]
     if bad:
         p.error(f"--impl {bad[0]!r} must be one of {', '.join(IMPLEMENTATIONS)}")
     measure_grid(a.out, a.impl or list(DEFAULT_IMPLEMENTATIONS), a.head_dim, [c == "true" for c in a.causal],
-                 a.max_seq_len, a.warmup, a.repeats, command, a.seq_lens)
+                 a.max_seq_len, a.warmup, a.repeats, command, a.seq_lens, a.tiles_per_sm)
     return 0
 
 

@@ -16,15 +16,22 @@ import io
 import platform
 from pathlib import Path
 
-from .library_timing import HIDDEN, TOKENS, make_fn
+from .library_timing import HIDDEN, TOKENS, make_fn, one_wave_grid
 from .profile import ncu_table, now_utc
 
 
-def _warmed(impl, d, n, causal):
-    """One configuration of the paper's set-up (batch = TOKENS // N, at least 1; HIDDEN // d heads)
+def _warmed(impl, d, n, causal, tiles_per_sm=None):
+    """One configuration of the paper's set-up (batch = TOKENS // N, at least 1; HIDDEN // d heads),
+    or with `tiles_per_sm` K one wave of K 128-row tiles an SM (batch 1, library_timing.one_wave_grid),
     after one untimed forward and backward: (inputs, fn, y, grad), y kept for more backwards."""
     import torch
-    inputs, fn = make_fn(impl, max(1, TOKENS // n), n, HIDDEN // d, d, causal, torch.float16)
+    batch, heads = max(1, TOKENS // n), HIDDEN // d
+    if tiles_per_sm:
+        grid, skipped = one_wave_grid([n], [tiles_per_sm], torch.cuda.get_device_properties(0).multi_processor_count)
+        if not grid:
+            raise SystemExit(f"--tiles-per-sm {tiles_per_sm}: {skipped[0]}")
+        batch, heads, _ = grid[0]
+    inputs, fn = make_fn(impl, batch, n, heads, d, causal, torch.float16)
     y = fn(*inputs)
     grad = torch.randn_like(y)
     y.backward(grad, retain_graph=True)
@@ -32,11 +39,11 @@ def _warmed(impl, d, n, causal):
     return inputs, fn, y, grad
 
 
-def ncu_one(impl, d, n, causal, pass_name) -> int:
+def ncu_one(impl, d, n, causal, pass_name, tiles_per_sm=None) -> int:
     """Under ncu (--profile-from-start off): one warm-up pass, then the measured pass between
     cudaProfilerStart and Stop (process-wide: the backward's kernels launch from autograd's own thread)."""
     import torch
-    inputs, fn, y, grad = _warmed(impl, d, n, causal)
+    inputs, fn, y, grad = _warmed(impl, d, n, causal, tiles_per_sm)
     for x in inputs:
         x.grad = None
     torch.cuda.profiler.start()

@@ -241,20 +241,50 @@ def _fa3_version() -> str | None:
     return str(getattr(flash_attn_interface, "__version__", "installed, version not given"))
 
 
+# --tiles-per-sm: the query tile the count is in (FA2's forward at head dims 64-256 and its backward's
+# key tile are 128 rows: flash_fwd_launch_template.h, flash_bwd_launch_template.h)
+TILE_ROWS = 128
+
+
+def one_wave_grid(seq_lens, tiles_per_sm, sm_count: int) -> tuple[list, list]:
+    """([(batch, heads, N)], [reasons skipped]): batch 1 and heads = K x SMs x 128 / N, so that the
+    grid holds exactly K 128-row tiles per SM (one wave where K blocks fit an SM at once): the time
+    of K = 2 against K = 1 says how much two resident blocks overlap, and time against N at K = 1
+    the fixed cost of a tile (its intercept)."""
+    grid, skipped = [], []
+    for k in tiles_per_sm:
+        for n in seq_lens:
+            tiles = k * sm_count * TILE_ROWS
+            if n % TILE_ROWS or tiles % n:
+                skipped.append(f"N = {n}: {k} x {sm_count} SMs x {TILE_ROWS} rows is not a whole number of heads "
+                               f"of {n} rows")
+            else:
+                grid.append((1, tiles // n, n))
+    return grid, skipped
+
+
 def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, warmup: int, repeats: int,
-                 command: list[str], seq_lens=None) -> dict:
+                 command: list[str], seq_lens=None, tiles_per_sm=None) -> dict:
     """`seq_lens`: other sequence lengths than the paper's, at its 16k tokens (batch = 16384 // N, at
-    least 1)."""
+    least 1). `tiles_per_sm`: instead, batch 1 and as many heads as make that many 128-row tiles per
+    SM (one_wave_grid), whatever the head dim."""
     torch = _torch()
     prov = provenance(command, warmup, repeats, impls)
     hardware = hardware_preset(prov["gpu"], prov["sm_count"])
     doc = {"source": "measured", "provenance": prov, "runs": [], "skipped": []}
     clocks = ClockSampler()
-    batch_seq = BATCH_SEQ if not seq_lens else tuple((max(1, TOKENS // n), n) for n in seq_lens)
-    configs = [(impl, causal, d, b, n) for causal in causals for d in head_dims for b, n in batch_seq
+    if tiles_per_sm:
+        grid, reasons = one_wave_grid(seq_lens or [512, 1536, 4224, 8448, 16896], tiles_per_sm, prov["sm_count"])
+        doc["skipped"] += [{"reason": r} for r in reasons]
+        prov["setup"] = (f"fp16, no dropout, batch 1, heads = K x {prov['sm_count']} SMs x {TILE_ROWS} / N for K in "
+                         f"{list(tiles_per_sm)} (K {TILE_ROWS}-row tiles per SM: one wave where K blocks fit)")
+        shapes = lambda d: grid                                         # noqa: E731
+    else:
+        batch_seq = BATCH_SEQ if not seq_lens else tuple((max(1, TOKENS // n), n) for n in seq_lens)
+        shapes = lambda d: [(b, HIDDEN // d, n) for b, n in batch_seq]  # noqa: E731
+    configs = [(impl, causal, d, b, h, n) for causal in causals for d in head_dims for b, h, n in shapes(d)
                for impl in impls if n <= max_seq_len]
-    for i, (impl, causal, d, b, n) in enumerate(configs):
-        h = HIDDEN // d
+    for i, (impl, causal, d, b, h, n) in enumerate(configs):
         wl = {"batch": b, "heads": h, "seq_len": n, "seq_len_q": n, "seq_len_kv": n, "head_dim": d, "dtype": "fp16",
               "causal": causal, "key_padding_mask": False, "dropout": 0.0}
         t = time.monotonic()
@@ -285,7 +315,7 @@ def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, war
                                 **r, "tflops_per_s": flops / r["time_s"] / 1e12})
         Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")       # after each configuration
         f, bw = res["forward"]["time_s"], res["backward"]["time_s"]
-        print(f"[{i + 1}/{len(configs)}] {impl} d={d} B={b} N={n} causal={causal}: fwd {f * 1e3:.3f} ms, "
+        print(f"[{i + 1}/{len(configs)}] {impl} d={d} B={b} H={h} N={n} causal={causal}: fwd {f * 1e3:.3f} ms, "
               f"bwd {bw * 1e3:.3f} ms ({time.monotonic() - t:.1f} s)", file=sys.stderr)
     doc["gemm"] = gemm_rates(warmup, repeats, clocks)
     clocks.stop()

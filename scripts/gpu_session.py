@@ -52,6 +52,14 @@ def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 40
             impl, str(head_dim), str(seq_len), "false", pass_name)
 
 
+def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224) -> tuple:
+    """As _ncu, one forward of one wave of `tiles` 128-row tiles an SM (batch 1, --tiles-per-sm),
+    into {out}/ncu-IMPL-D-N-kK.csv."""
+    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
+            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-k{tiles}.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
+            impl, str(head_dim), str(seq_len), "false", "forward", "--tiles-per-sm", str(tiles))
+
+
 def _summarise(csvs: tuple, out: str) -> tuple:
     return (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", *(f"{{out}}/{c}" for c in csvs), "--out", out)
 
@@ -64,6 +72,23 @@ STEPS = (
          "rates: whether a lone sector costs the L2 32 bytes of its bandwidth (l2_read_lines_vs_sectors: "
          "PyTorch's transposing copy, 250 us measured against 121 predicted)",
          (("{gpu}-host.json", "scenarios/measured/{gpu}-host.json"),)),
+    Step("one-wave", 240, ((PY, "-m", "hbmsim.kernels.library", "--impl", "fa2", "cudnn",
+                            "--head-dim", "64", "128", "256", "--causal", "false", "--tiles-per-sm", "1", "2",
+                            "--repeats", "10", "--out", "{out}/{gpu}-torch-one-wave.json"),),
+         "issues 23 and 26: one wave of 128-row tiles, 1 and 2 per SM, N = 512 to 16896 (batch 1, heads to "
+         "fit): how much two resident blocks overlap (FA2's forward: 1.67-1.71x one block's time at head dim "
+         "128 on 2026-11-26's H100 and H200, the mma_sync_pipes effect's check), and the fixed cost of a tile "
+         "(time against N: FA3's and the FP8 forward's N = 1k rows are predicted too fast)",
+         (("{gpu}-torch-one-wave.json", "scenarios/measured/one-wave/{gpu}-torch-one-wave.json"),)),
+    Step("ncu-one-wave", 240, (
+        _ncu_wave("fa2", 64, 1), _ncu_wave("fa2", 64, 2), _ncu_wave("fa2", 128, 1), _ncu_wave("fa2", 256, 1),
+        _summarise(("ncu-fa2-64-4224-k1.csv", "ncu-fa2-64-4224-k2.csv", "ncu-fa2-128-4224-k1.csv",
+                    "ncu-fa2-256-4224-k1.csv"), "{out}/{gpu}-ncu-one-wave.json")),
+         "issue 23: FA2's forward in one wave under Nsight Compute, one block an SM (head dims 64 and 128) "
+         "and two (64; 256, whose 64-row tiles make two at K = 1): where a lone block's time goes at head "
+         "dim 64 (predicted 10-14% short, 128 within 4%), and why the operand reads overlap the mma.sync "
+         "at 256 (predicted 20-24% long)",
+         (("{gpu}-ncu-one-wave.json", "scenarios/measured/{gpu}-ncu-one-wave.json"),)),
     Step("ncu-stalls", 240, (
         _ncu("fa2", 128), _ncu("pytorch", 64),
         _summarise(("ncu-fa2-128-4096-forward.csv", "ncu-pytorch-64-4096-forward.csv"), "{out}/{gpu}-ncu-stalls.json")),

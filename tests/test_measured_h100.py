@@ -12,7 +12,7 @@ from hbmsim.algorithms.flash2_spec import FA2_KERNEL_REGISTERS_PER_THREAD
 from hbmsim.kernels import library
 from hbmsim.kernels.implementations import IMPLEMENTATIONS, TIMED_HERE
 from hbmsim.kernels.library_nsight import summarise_ncu_raw
-from hbmsim.kernels.library_timing import hardware_preset, paper_flops
+from hbmsim.kernels.library_timing import hardware_preset, one_wave_grid, paper_flops
 from hbmsim.kernels.microbench import MMA_FLOPS_PER_WARP_INSTR
 from hbmsim.scenarios.published import MEASURED_DIR
 from hbmsim.scenarios.validate import configs_of
@@ -109,6 +109,16 @@ def test_paper_flops_and_presets():
     assert hardware_preset("NVIDIA H100 PCIe", 114) is None
 
 
+def test_one_wave_grid_holds_k_tiles_per_sm():
+    # 132 SMs x 128 rows = 16896 rows: N = 4224 is 33 tiles a head, so 4 heads make one tile per SM, 8 two;
+    # N = 1000 is no whole number of tiles, N = 2048 (16 tiles) does not divide 132 x 128
+    grid, skipped = one_wave_grid([4224, 16896, 1000, 2048], [1, 2], 132)
+    assert grid == [(1, 4, 4224), (1, 1, 16896), (1, 8, 4224), (1, 2, 16896)]
+    assert len(skipped) == 4 and skipped[0].startswith("N = 1000")
+    for b, h, n in grid:
+        assert b * h * n // 128 in (132, 264)
+
+
 NCU_RAW = '''"ID","Process ID","Kernel Name","device__attribute_multiprocessor_count","gpu__time_duration.sum","sm__cycles_elapsed.avg.per_second","l1tex__data_pipe_lsu_wavefronts_mem_shared.sum","launch__registers_per_thread"
 "","","","","nsecond","hz","",""
 "0","1","k<1>","2","1,000","1,000,000,000","1,500","255"
@@ -171,11 +181,14 @@ def test_microbench_on_gpu(tmp_path):
     out = tmp_path / "mb.json"
     assert main(["--out", str(out), "--repeats", "3"]) == 0
     res = json.loads(out.read_text())["results"]
-    # the rates' entries each time their kernel; block dispatch is a spread of start stamps (no kernel time)
-    rates = {k: v for k, v in res.items() if not k.startswith("host_") and k != "block_dispatch"}
+    # the rates' entries each time their kernel; block dispatch is a spread of start stamps and the
+    # kernel floor a profiler row (no kernel time of their own)
+    rates = {k: v for k, v in res.items() if not k.startswith("host_") and k not in ("block_dispatch", "kernel_floor")}
     assert {"dram_copy", "l2_read_lines_vs_sectors", "mma_sync_m16n8k16_f16_f32_8warps"} <= set(rates)
     assert all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in rates.values())
     assert 0 <= res["block_dispatch"]["per_block_s"] < 1e-6
+    floor = res["kernel_floor"]
+    assert "skipped" in floor or 0 < floor["kernel_s"] < 1e-4
 
 
 @pytest.mark.gpu
@@ -208,6 +221,15 @@ def test_library_grid_on_gpu(tmp_path):
     doc = json.loads(out.read_text())
     assert {r["pass"] for r in doc["runs"]} == {"forward", "backward", "forward+backward"}
     assert all(r["time_s"] > 0 for r in doc["runs"])
+    # one wave: N = 8448 (66 tiles a head) at 1 tile per SM of this GPU's SMs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert library.main(["--out", str(out), "--head-dim", "64", "--causal", "false", "--seq-lens", "8448",
+                         "--tiles-per-sm", "1", "--repeats", "2"]) == 0
+    doc = json.loads(out.read_text())
+    if (sms * 128) % 8448:
+        assert doc["runs"] == [] and doc["skipped"]
+    else:
+        assert {r["workload"]["heads"] for r in doc["runs"]} == {sms * 128 // 8448}
 
 
 def test_gpu_commands_refuse_bad_input_in_one_line(tmp_path, capsys):
