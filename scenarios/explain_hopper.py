@@ -121,7 +121,8 @@ def explain_hopper(gpu) -> str:
               "with mma.sync: mma_operands)",
               f"       + softmax, {vec2:,.0f} vector ops of which {exp2:,.0f} exps (FP32 lanes, SFU): "
               f"{softmax2_s * 1e6:.2f} us (each warp's softmax needs its S: serial_softmax)",
-              f"       = {(mma_s + operands_s + softmax2_s) * 1e6:.2f} us on the SM's one pipe",
+              f"       = {(mma_s + operands_s + softmax2_s) * 1e6:.2f} us, one after the other (a second "
+              "resident block's softmax could run under them: mma_sync_pipes)",
               f"  FA3, wgmma: {gpu.matmul_flops_per_s / 1e12:.1f} TFLOP/s / {gpu.sm_count} SMs = "
               f"{1 / rates.s_per_flop[WGMMA] / 1e12:.2f} TFLOP/s an SM, the full rate (wgmma_full_rate: Nsight "
               f"Compute counts a Hopper attention kernel's wgmma at 96-98% of it while busy): {wgmma_s * 1e6:.2f} us",
@@ -147,7 +148,7 @@ def explain_hopper(gpu) -> str:
     gemm2, soft2 = _sm0_compute(tl2)
     lines += ["4. SM 0's pipes (from each run's timeline)",
               f"  FA2: compute busy {busy(_union_s(gemm2 + soft2)) * 1e6:.2f} us of {t2 * 1e6:.2f} us: "
-              "GEMMs and softmax one after the other on its one pipe",
+              "GEMMs and softmax one after the other (one block an SM)",
               f"  FA3: tensor pipe busy {busy(g) * 1e6:.2f} us, vector pipe {busy(s) * 1e6:.2f} us, both at once "
               f"{_overlap_s(g, s) * 1e6:.2f} us, of {t3 * 1e6:.2f} us",
               "  Same bytes, same FLOPs: FA3 is faster because wgmma runs at the full tensor rate (FA2's mma.sync "

@@ -8,9 +8,10 @@ A block's calls reach the machine through its context (context.py).
   rates, added where they depend on each other and overlapped where they do not; the blocks
   resident on the SM take turns in issue order. For kernels built on Hopper's asynchronous
   `wgmma` with time_model.py's sm_pipes (and xu_tensor_serial off: measured, the two do not
-  overlap), the SM's tensor pipe and its vector (FP32/SFU) pipe are two pipes: a call's GEMM
-  occupies the first and its softmax the second, so one warp role's softmax runs under another's
-  GEMM as the kernel's schedule lets it. With pipe_sharing (the
+  overlap), and for mma.sync kernels on GPUs whose preset measured their operand reads serial
+  (mma_sync_pipes), the SM's tensor pipe and its vector (FP32/SFU) pipe are two pipes: a call's
+  GEMM occupies the first and its softmax the second, so one warp role's (or resident block's)
+  softmax runs under another's GEMM as the kernel's schedule lets it. With pipe_sharing (the
   default) they are processor-sharing pools: the warp roles with work in flight on a pipe share
   its rate, each role's own requests in its program order (shared_pipes.py); without, FifoPipes.
 - Launches run in program order. A launch's blocks are dispatched in linear order: first round
@@ -42,7 +43,7 @@ from .shared_pipes import SharedPipes
 from .simpy_adapter import Inline, events_scheduled
 from .tensor import SECTOR_BYTES
 from .host import DEFAULT_HOST
-from .time_model import ASYNC_TENSOR_OPS, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
+from .time_model import ASYNC_TENSOR_OPS, MMA_SYNC, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -101,9 +102,9 @@ class Machine:
                                              state.vector_work)
         sm = ctx.sm
         try:
-            if rates.pipes and tensor_op in ASYNC_TENSOR_OPS:
-                # sm_pipes: an asynchronous wgmma kernel's GEMM on the tensor pipe, then (if its
-                # softmax needs the GEMM) its vector work on the vector pipe
+            if (rates.pipes and tensor_op in ASYNC_TENSOR_OPS) or (rates.mma_sync_pipes and tensor_op == MMA_SYNC):
+                # sm_pipes (mma_sync_pipes): a wgmma (mma.sync) kernel's GEMM on the tensor pipe, then
+                # (if its softmax needs the GEMM) its vector work on the vector pipe
                 tensor_done_s = self.sms[sm].reserve(tensor_s, after_s) if tensor_s else max(self.env._now, after_s)
                 vector_done_s = self.vector_pipes[sm].reserve(vector_s, tensor_done_s if rates.serial else after_s) \
                     if vector_s else tensor_done_s

@@ -43,9 +43,7 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   the next GEMM needs P from it, so a block's tensor-core work (overlapped with its shared-memory
   reads, which are software-pipelined) and its vector/SFU work (FP32 and SFU overlap, being
   independent operations on different units) add up instead of overlapping. Overlap across the
-  blocks resident on an SM is not assumed: the FlashAttention-3 paper (section 3.1) needed an
-  explicit ping-pong schedule between warpgroups to make one warpgroup's softmax run under the
-  other's GEMMs.
+  blocks resident on an SM is another effect's (mma_sync_pipes; sm_pipes for wgmma kernels).
 - mma_operands: on a GPU whose preset says so (`mma_sync_operands_serial`, measured on H100), an
   mma.sync kernel's shared-memory operand reads (ldmatrix) and its mma.sync instructions add up
   instead of the reads hiding under the tensor cores. Nsight Compute on H100 found the tensor pipe
@@ -65,12 +63,7 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   the tensor pipe meanwhile (wgmma.mma_async returns before the tensor core is done: PTX ISA,
   "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"; FlashAttention-3 paper, section
   3.1: ping-pong puts one warpgroup's softmax under the other's GEMMs). Synchronous mma.sync
-  kernels keep one pipe per SM: Nsight Compute on H100 (scenarios/measured/h100-ncu-kernels.json)
-  shows FA2's forward and backward with their tensor (hmma), shared-memory and XU pipes busy
-  for 118-125% of the kernel time together: two resident blocks overlap one's softmax with the
-  other's GEMMs for only about a fifth of the time, far from the free overlap two pipes would
-  give (tried: FA2's H100 forward then predicted 13% too fast at N >= 1024, from 13% too slow).
-  Off: one pipe for every kernel.
+  kernels: mma_sync_pipes. Off: one pipe for every wgmma kernel.
 - pipe_sharing (with sm_pipes): the two pipes of a wgmma kernel's SM are shared by processor
   sharing instead of served first come, first served: the requests of different warp roles
   (warpgroups) in flight on a pipe share its rate equally, as the SM's four warp schedulers
@@ -104,6 +97,20 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   h200-torch-hopper.json's gemm clock samples); the attention kernels at N = 4096 ran at 1980
   MHz with no clock reason. Library GEMMs keep the fraction. Off: wgmma at the achievable
   fraction.
+- mma_sync_pipes: on a GPU whose preset measured mma.sync's operand reads serial with it
+  (`mma_sync_operands_serial`: H100, H200), an mma.sync kernel's SM has two pipes as sm_pipes
+  draws them: the tensor pipe holds a call's mma.sync and its ldmatrix reads (mma_operands), the
+  vector pipe its softmax, after them (serial_softmax); so one resident block's softmax runs while
+  another block's GEMMs do, first come first served (the warp schedulers pick whichever resident
+  warp is ready: with two 4-warp blocks an SM sub-partition holds a warp of each). Measured:
+  Nsight Compute on FA2's forward (two blocks an SM, N = 4096) counts the tensor and shared-memory
+  pipes busy 105% of the cycles together at head dim 128 (56.7 + 48.3%, H100 and H200), the XU
+  (20%) and FMA (18%) pipes beside them (h100-ncu-kernels.json, h200-ncu-stalls.json); and one wave
+  of FA2's forward, one 128-row tile an SM against two (`--tiles-per-sm 1 2`,
+  h100/h200-torch-one-wave.json), takes 1.67-1.71x as long with two resident blocks at head dim
+  128 (N >= 1536; predicted 1.70, one pipe 2.00) and 1.52-1.64x at 64 (predicted 1.47).
+  Off, or on a GPU whose preset does not say so (A100: not measured): one pipe, the blocks' calls
+  one after the other.
 - block_dispatch: a launch's SMs get their first blocks one after another, `block_dispatch_s`
   apart (SM i starts i x that after the launch), as a GPU's block scheduler hands them out.
   Without it a launch of alike blocks starts every SM at the same instant and can run in exact
@@ -170,6 +177,7 @@ class TimeModel:
     pipe_sharing: bool = True
     xu_tensor_serial: bool = True
     wgmma_full_rate: bool = True
+    mma_sync_pipes: bool = True
     block_dispatch: bool = True
     host: bool = True
     sdpa_call: bool = True
@@ -210,7 +218,7 @@ class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
     __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "pipes",
-                 "_known")
+                 "mma_sync_pipes", "_known")
     # s_per_vec_op: seconds per unit of vector work on one SM, by Launch.vector_work
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
@@ -244,6 +252,10 @@ class SmRates:
         # tensor and vector pipes apart (machine.py keeps two per SM), unless xu_tensor_serial says they
         # do not overlap
         self.pipes = model.sm_pipes and not model.xu_tensor_serial
+        # mma_sync_pipes: an mma.sync kernel's softmax beside the other resident blocks' GEMMs and
+        # operand reads, on a GPU whose preset measured those two serial (mma_sync_operands_serial)
+        self.mma_sync_pipes = (model.mma_sync_pipes and model.mma_sync and gpu.mma_sync_fraction > 0
+                               and gpu.mma_sync_operands_serial > 0)
         self.operands_add = (model.mma_operands and model.mma_sync and gpu.mma_sync_fraction > 0
                              and gpu.mma_sync_operands_serial > 0)
         self._known: dict = {}    # compute_s's arguments -> its result

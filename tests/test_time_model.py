@@ -316,3 +316,29 @@ def test_mma_sync_operands_from_shared_memory_add_to_the_mma():
     assert time_of(tiny_gpu(mma_sync_fraction=0.5), ALL, MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
     assert time_of(tiny_gpu(mma_sync_operands_serial=1), ALL, MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
     assert time_of(gpu, ALL.off("mma_sync"), MMA_SYNC, **work) == pytest.approx(4e-6, rel=1e-12)
+
+
+def test_two_resident_mma_sync_blocks_overlap_one_softmax_with_the_other_gemm():
+    """mma_sync_pipes: on one SM, block A's softmax runs while block B's mma.sync and ldmatrix do."""
+    one_sm = dict(sm_count=1, matmul_flops_per_s=1e12, vector_flops_per_s=1e11)      # the tiny GPU's SM alone
+    gpu = tiny_gpu(**one_sm, mma_sync_fraction=0.5, mma_sync_operands_serial=1)
+    # per block: 1e6 FLOPs at 0.5 x 1e12 = 2 us + 2e5 B of ldmatrix at 1e11 B/s = 2 us on the tensor
+    # pipe; then 1e5 softmax operations at 5e10/s = 2 us on the vector pipe
+    work = dict(matmul_flops=1_000_000, sram_bytes=200_000, vector_flops=100_000)
+
+    def blocks(n):
+        def block(ctx, _):
+            yield from ctx.compute(**work)
+        return Program("two", [Launch("k", n, 0, block, tensor_op=MMA_SYNC)])
+    def t(n, model=ALL, g=gpu):
+        return simulate(g, blocks(n), model=model).time_s
+    # one block: its softmax needs its GEMM, 4 + 2 = 6 us either way
+    assert t(1) == pytest.approx(6e-6, rel=1e-12)
+    assert t(1, ALL.off("mma_sync_pipes")) == pytest.approx(6e-6, rel=1e-12)
+    # two: A's tensor 0-4, B's tensor 4-8 (A's softmax 4-6 beside it), B's softmax 8-10: 10 us, not 12
+    assert t(2) == pytest.approx(10e-6, rel=1e-12)
+    assert t(2, ALL.off("mma_sync_pipes")) == pytest.approx(12e-6, rel=1e-12)
+    # a GPU whose preset did not measure mma.sync's operand reads serial (A100): one pipe, the reads
+    # under the mma (max(2, 2) us) and the softmax after: 2 x (2 + 2) us
+    a100_like = tiny_gpu(**one_sm, mma_sync_fraction=0.5)
+    assert t(2, g=a100_like) == pytest.approx(2 * (2e-6 + 2e-6), rel=1e-12)
