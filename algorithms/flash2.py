@@ -64,7 +64,7 @@ def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> di
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                    warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0,
-                   teaching: bool = False) -> Program:
+                   teaching: bool = False, tile_rows: int = 0) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
@@ -74,7 +74,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     block, for the time model's `registers` effect; it never changes a byte of traffic.
     `teaching`: the teaching kernel (algorithms/flash2_teaching.py): block_q threads move every
     tile (Strided(block_q), counted in sectors), K/V tile by tile even in a coarse step, and
-    the matmuls run as FP32 FMAs (vector FLOPs)."""
+    the matmuls run as FP32 FMAs (vector FLOPs). `tile_rows`: the rows the kernel's tile computes
+    (Flash2Blocks.q_tile_rows; 0: each block's own rows)."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -132,6 +133,11 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         g, i = divmod(index, tr)
         rows = block_rows(i, block_q, nq)
         r0, r1, n = rows.start, rows.stop, rows.stop - rows.start
+        # the rows the block computes: FA2's kernel runs its MMAs and softmax over every row of its
+        # tile (tile_rows), a last block's rows past seq_len_q and decode's 1-8 rows too; only Q's
+        # loads and O's stores are cut to the real rows (flash_fwd_kernel.h: the tiled MMA over
+        # kBlockM, "we'll only write out the valid outputs"). The teaching kernel loops over its rows.
+        n_work = n if teaching else max(n, tile_rows)
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
         steps = kv_steps(kv_end)
         kg = wl.kv_group(g)
@@ -152,7 +158,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             c1, nc = cols.stop, cols.stop - c0
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv_tiles("V", kg, c0, c1))
-            yield from ctx.compute(**work(qk_softmax_work(wl, n, nc, tiles, warps)))
+            yield from ctx.compute(**work(qk_softmax_work(wl, n_work, nc, tiles, warps)))
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -166,13 +172,13 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             if s_i + 1 < len(steps):
                 k_next = ctx.prefetch(*kv_tiles("K", kg, *span(kv_cols(*steps[s_i + 1])[0])))
             # acc += P V_j: P from registers, all of V_j from SRAM by every warp
-            yield from ctx.compute(**work(dict(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * itemsize)))
+            yield from ctx.compute(**work(dict(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * itemsize)))
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
                 ctx.note("flash2 tile", g=g, rows=(r0, r1), cols=(c0, c1), S=s, tile_max=s.max(axis=1),
                          m_old=m_old, m_new=m, c=alpha, P=p, l=l, O=acc,
                          O_over_l=np.divide(acc, l[:, None], out=np.zeros_like(acc), where=l[:, None] > 0))
-        yield from ctx.compute(vector_flops=n * d + 2 * n)   # O = acc / l, lse = m + log l
+        yield from ctx.compute(vector_flops=n_work * d + 2 * n_work)   # O = acc / l, lse = m + log l
         o_tile = lse_tile = None
         if numeric:
             o_tile, lse_tile = normalised_rows(acc, l, m)

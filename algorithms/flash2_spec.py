@@ -64,6 +64,15 @@ class Flash2Blocks:
     # reads it (FA2 runs that kernel for it even with one split). A program option, not a
     # workload field: the attention computed is the same, only where the new K/V come from.
     kv_append: bool = False
+    # The query rows of the forward kernel's tile, which its MMAs and softmax run over, a block's
+    # rows past seq_len_q included (flash_fwd_kernel.h: the tiled MMA covers kBlockM rows; only Q's
+    # loads and O's stores stop at the sequence). "auto": variant "fa2-kernel", the kernel's kBlockM
+    # before block_q is clipped to a shorter sequence (decode's 1-8 rows compute 64 or 128); the
+    # other variants, block_q (no padded rows). Charged where it exceeds block_q, i.e. where the
+    # whole query sequence is shorter than the tile; a longer sequence's partial last block is
+    # charged its own rows (the kernel computes its whole tile there too: not modelled yet). Sets
+    # the compute the time model sees, never a byte.
+    q_tile_rows: int | str = AUTO
 
 
 def fa2_kernel_warps(sram_bytes_per_sm: int, wl: Workload) -> tuple[int, int]:
@@ -179,6 +188,7 @@ def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: b
         bwd = (fwd.block_q if m.block_q_bwd == AUTO else m.block_q_bwd,
                fwd.block_kv if m.block_kv_bwd == AUTO else m.block_kv_bwd)
         return replace(m, block_q=fwd.block_q, block_kv=fwd.block_kv, block_q_bwd=bwd[0], block_kv_bwd=bwd[1],
+                       q_tile_rows=_q_tile_rows(m, fwd.block_q, fwd.block_q, fwd.block_q),
                        warps=4 if m.warps == AUTO else m.warps,
                        warps_bwd=4 if m.warps_bwd == AUTO else m.warps_bwd), notes
     kernel_fwd, kernel_bwd = fa2_kernel_blocks(gpu.sram_bytes_per_sm, wl)
@@ -208,12 +218,31 @@ def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: b
         out["block_q_bwd"], out["block_kv_bwd"] = _fit(out["block_q_bwd"], out["block_kv_bwd"],
                                                        lambda r, c: flash2_bwd_sram_bytes(wl, r, c), limit,
                                                        "backward", notes)
+    unclipped = kernel_fwd[0] if m.block_q == AUTO else m.block_q
+    out["q_tile_rows"] = _q_tile_rows(m, unclipped, min(unclipped, wl.seq_len_q), out["block_q"])
     return replace(m, **out), tuple(notes)
+
+
+def _q_tile_rows(m: Flash2Blocks, unclipped: int, clipped: int, block_q: int) -> int:
+    """The resolved q_tile_rows: the user's (at least block_q), else the tile before the sequence clipped
+    it (`unclipped`) unless an SRAM fit shrank block_q below `clipped`; block_q where the variant
+    computes only its rows (paper, teaching)."""
+    if m.q_tile_rows != AUTO:
+        if m.q_tile_rows < block_q:
+            raise HbmsimError(f"flash2: q_tile_rows = {m.q_tile_rows} must be at least block_q = {block_q} (the "
+                              "tile holds the block's rows)")
+        return m.q_tile_rows
+    if m.variant != FA2_KERNEL:
+        return block_q
+    return unclipped if block_q >= clipped else block_q
 
 
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
+    # rows each block computes where the query sequence is shorter than the kernel's tile (0: its own;
+    # also for a mapping built unresolved)
+    tile_rows = m.q_tile_rows if m.q_tile_rows != AUTO and m.q_tile_rows > m.block_q else 0
     if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
         step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal) if fast else 1
         return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, step, 0, teaching=True)
@@ -222,7 +251,7 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         wl, data = kernel_workload(wl, m, data)
         if uses_splitkv(m):
             return flash2_splitkv_forward(wl, m.block_q, m.block_kv, m.num_splits, data, new_tokens, m.warps,
-                                          fast, regs)
+                                          fast, regs, tile_rows=tile_rows)
     even = not wl.causal               # every block's loop as long (common.tiles_per_step)
     fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
     if training:
@@ -230,7 +259,7 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
                                registers_per_thread=regs)
-    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs)
+    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs, tile_rows=tile_rows)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:
@@ -279,7 +308,8 @@ def _describe(m: Flash2Blocks) -> str:
 SPEC = register(AlgorithmSpec(
     name="flash2", label="FlashAttention-2 (Dao 2023)", mapping_type=Flash2Blocks,
     **tc.hooks(build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe),
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd", "num_splits"),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "warps", "warps_bwd", "num_splits",
+                 "q_tile_rows"),
     bool_fields=("pack_gqa", "kv_append"),
     variants=(FA2_KERNEL, PAPER, tc.RAWKERNEL_TC, TEACHING),
     match_fields=("block_q", "block_kv"), kernel="flash_attention", emulated=True, coarsens=True, paged_kv=True,

@@ -167,11 +167,12 @@ def kv_group_of(wl: Workload, g: int) -> int:
 
 def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits: int,
                            data: AttentionData | None = None, kv_append: int = 0, warps: int = SPLITKV_WARPS,
-                           fast: bool = False, registers_per_thread: int = 0) -> Program:
+                           fast: bool = False, registers_per_thread: int = 0, tile_rows: int = 0) -> Program:
     """The split kernel (+ the combine kernel when num_splits > 1) on `wl`, the workload the
     kernel sees (already packed where packing applies). `kv_append`: how many new tokens (the
     last rows of K and V) the split kernel appends from K_new / V_new (0: none). `fast`: a
-    split's loop of more than common.COARSE_ABOVE_TILES tiles runs several a step."""
+    split's loop of more than common.COARSE_ABOVE_TILES tiles runs several a step. `tile_rows`: the
+    rows the kernel's tile computes (Flash2Blocks.q_tile_rows, 64; 0: each block's own rows)."""
     if num_splits < 1 or num_splits > MAX_SPLITS:
         raise HbmsimError(f"flash2: num_splits = {num_splits} must be 1..{MAX_SPLITS} (FA2's split-KV kernel)")
     if wl.dropout > 0:
@@ -207,6 +208,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
         s, i = divmod(rest, tm)
         rows = block_rows(i, block_q, nq)
         r0, r1, n = rows.start, rows.stop, rows.stop - rows.start
+        n_work = max(n, tile_rows)
         o_view, l_view = outputs_of(g, s)
         lo, hi = split_blocks(wl, r1, s, num_splits, block_kv)
         if lo >= hi:      # nothing to see: O_s = 0, lse_s = -inf, no reads
@@ -239,7 +241,8 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
             nc, tiles = c1 - c0, math.ceil((c1 - c0) / block_kv)
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv.tiles("V", kg, c0, c1))
-            yield from ctx.compute(**qk_softmax_work(wl, n, nc, tiles, warps))
+            # every row of the block's tile, as flash2's kernel (flash2.py: n_work)
+            yield from ctx.compute(**qk_softmax_work(wl, n_work, nc, tiles, warps))
             if numeric:
                 sc = masked_scores(wl, scale, q, k, kv_len, r0, r1, c0, c1)
                 m_new, p, alpha, l = unnormalised_softmax_step(sc, m, l)
@@ -247,12 +250,12 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
             v = kv.join((yield from ctx.wait(v_next)))
             if c1 < c_end:
                 k_next = ctx.prefetch(*kv.tiles("K", kg, c1, min(c_end, c1 + step_cols)))
-            yield from ctx.compute(matmul_flops=2 * n * nc * d, sram_bytes=warps * nc * d * e)
+            yield from ctx.compute(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * e)
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
                 ctx.note("split tile", g=g, split=s, rows=(r0, r1), cols=(c0, c1), S=sc, m_new=m, c=alpha,
                          P=p, l=l, O=acc)
-        yield from ctx.compute(vector_flops=n * d + 2 * n)
+        yield from ctx.compute(vector_flops=n_work * d + 2 * n_work)
         o_tile = lse_tile = None
         if numeric:
             o_tile, lse_tile = normalised_rows(acc, l, m)

@@ -25,7 +25,7 @@ from hbmsim.scenarios import roofline
 from hbmsim.scenarios.cli import main
 from hbmsim.scenarios.experiment import load_experiment
 from hbmsim.scenarios.runner import prepare, run_config
-from hbmsim.simulator import simulate
+from hbmsim.simulator import HbmsimError, simulate
 
 SPEC = registry.get("flash2")
 
@@ -98,6 +98,28 @@ def test_packing_reads_kv_once_per_group(a100):
         m, result = run(a100, wl, pack_gqa=pack, num_splits=3)
         assert counted(result)["K"] == (times * kv_bytes, 0)
         assert counted(result) == nonzero(SPEC.io(wl, m, "forward"))
+
+
+def test_decode_blocks_compute_the_kernels_whole_tile(h100):
+    """One query row, 32 query heads on 8 K/V heads, packed: a block holds 4 real rows, but FA2's
+    kernel runs its MMAs and softmax over all kBlockM rows of its tile (q_tile_rows): 128 in the
+    one-pass kernel at head dim 128, 64 in the split kernel. The bytes are the real rows'."""
+    wl = Workload(1, 32, 1, 1024, 128, kv_heads=8)
+    gemms = lambda rows: 8 * 2 * (2 * rows * 1024 * 128)     # 8 K/V heads x (S = Q K^T and P V: 2 rows N d)
+    m, result = run(h100, wl, num_splits=1)
+    assert (m.block_q, m.q_tile_rows) == (4, 128)
+    assert result.kernels[0].matmul_flops == gemms(128)
+    # exps: every score of the tile, plus a rescale per row and tile (1024 / 64 tiles of K/V)
+    assert result.kernels[0].exp_ops == 8 * (128 * 1024 + 128 * 1024 // 64)
+    assert counted(result) == nonzero(SPEC.io(wl, m, "forward"))
+    m, result = run(h100, wl, num_splits=4)
+    assert (m.block_q, m.q_tile_rows) == (4, 64)
+    assert result.kernels[0].matmul_flops == gemms(64)
+    # the paper's variant computes its rows only; a tile shorter than its block is refused
+    m, result = run(h100, wl, num_splits=1, variant="paper")
+    assert m.q_tile_rows == m.block_q and result.kernels[0].matmul_flops == gemms(4)
+    with pytest.raises(HbmsimError, match="q_tile_rows = 2 must be at least block_q = 4"):
+        run(h100, wl, num_splits=1, q_tile_rows=2)
 
 
 def test_split_writes_fp32_partials_and_the_combine_reads_them(a100):
