@@ -68,10 +68,8 @@ class Flash2Blocks:
     # rows past seq_len_q included (flash_fwd_kernel.h: the tiled MMA covers kBlockM rows; only Q's
     # loads and O's stores stop at the sequence). "auto": variant "fa2-kernel", the kernel's kBlockM
     # before block_q is clipped to a shorter sequence (decode's 1-8 rows compute 64 or 128); the
-    # other variants, block_q (no padded rows). Charged where it exceeds block_q, i.e. where the
-    # whole query sequence is shorter than the tile; a longer sequence's partial last block is
-    # charged its own rows (the kernel computes its whole tile there too: not modelled yet). Sets
-    # the compute the time model sees, never a byte.
+    # other variants, block_q (no padded rows). A longer sequence's partial last block computes the
+    # whole tile too. Sets the compute the time model sees, never a byte.
     q_tile_rows: int | str = AUTO
 
 
@@ -240,9 +238,8 @@ def _q_tile_rows(m: Flash2Blocks, unclipped: int, clipped: int, block_q: int) ->
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
-    # rows each block computes where the query sequence is shorter than the kernel's tile (0: its own;
-    # also for a mapping built unresolved)
-    tile_rows = m.q_tile_rows if m.q_tile_rows != AUTO and m.q_tile_rows > m.block_q else 0
+    # rows each block computes (0: its own; a mapping built unresolved)
+    tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows
     if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
         step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal) if fast else 1
         return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, step, 0, teaching=True)

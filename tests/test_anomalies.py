@@ -35,9 +35,11 @@ def test_a_block_too_big_is_caught_before_simulating(a100):
         fitting_build(spec, mapping, training, a100, Workload(1, 1, 256, 256, 128))
 
 
-# Seed 1's 4th trial: flash2 forward, causal, 22 SMs with L2, query blocks of 16 (24 per head,
-# 288 blocks, 2 resident per SM). With 1.5x the bandwidth it is predicted 2.9% slower.
-CASE = Workload(3, 4, 369, 252, 128, causal=True)
+# A trial of seed 4: flash2 forward, causal, 5 SMs without L2, 64 x 64 blocks (5 query blocks a
+# head, 90 blocks, 2 resident per SM). With 1.5x the bandwidth it is predicted 2.4% slower. (Seed
+# 1's case, 22 SMs and 16-row blocks, went when a partial last query block came to compute its
+# kernel's whole tile, q_tile_rows.)
+CASE = Workload(3, 6, 299, 192, 32, causal=True)
 
 
 def tail(gpu, build) -> tuple:
@@ -48,13 +50,13 @@ def tail(gpu, build) -> tuple:
 
 
 def test_more_bandwidth_slower_is_a_scheduling_anomaly(a100):
-    gpu = a100.with_sms(22)
-    spec, mapping, training = programs(16, 128)["flash2"]
+    gpu = dataclasses.replace(a100, l2_bytes=0, l2_bytes_per_s=0.0).with_sms(5)
+    spec, mapping, training = programs(64, 64)["flash2"]
     build = fitting_build(spec, mapping, training, gpu, CASE)
     faster = dataclasses.replace(gpu, hbm_bytes_per_s=1.5 * gpu.hbm_bytes_per_s)
     r0, sm0 = tail(gpu, build)
     r1, sm1 = tail(faster, build)
-    assert r1.time_s / r0.time_s - 1 == pytest.approx(0.029, abs=5e-4)
+    assert r1.time_s / r0.time_s - 1 == pytest.approx(0.0236, abs=5e-4)
     # the same bytes from HBM and L2 and the same compute: nothing costs more
     for what in ("hbm_read", "hbm_write", "read"):
         assert r1.total(what) == r0.total(what)
@@ -62,7 +64,7 @@ def test_more_bandwidth_slower_is_a_scheduling_anomaly(a100):
     # the last head's last two query blocks see every key (the longest blocks): the base GPU runs
     # them on two SMs; with faster loads two slots of one SM free together and both land there,
     # sharing its pipe
-    assert sm0[286] != sm0[287] and sm1[286] == sm1[287]
+    assert sm0[88] != sm0[89] and sm1[88] == sm1[89]
     # with one block per SM nothing shares a pipe, and more bandwidth is faster at every step
     one = dataclasses.replace(gpu, max_blocks_per_sm=1)
     times = [simulate(dataclasses.replace(one, hbm_bytes_per_s=f * one.hbm_bytes_per_s), build()).time_s
