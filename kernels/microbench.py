@@ -60,14 +60,16 @@ def _timed(cp, launch, warmup: int, repeats: int) -> list[float]:
 WARM_S = 1.0          # load before timing, so that the clocks have left idle (345 MHz on an idle H100)
 
 
-def _loop_kernel(cp, fn, sms: int, blocks_per_sm: int, iters: int, warmup: int, repeats: int) -> dict:
-    """One wave of fn(out, cycles, iters): seconds, and the SM clock from clock64 deltas."""
+def _loop_kernel(cp, fn, sms: int, blocks_per_sm: int, iters: int, warmup: int, repeats: int,
+                 threads: int = THREADS) -> dict:
+    """One wave of fn(out, cycles, iters) in blocks of `threads`: seconds, and the SM clock from
+    clock64 deltas."""
     import time
     from .sm_clock import ClockSampler
     blocks = sms * blocks_per_sm
-    out = cp.empty(blocks * THREADS, dtype=cp.float32)
+    out = cp.empty(blocks * threads, dtype=cp.float32)
     cycles = cp.zeros(blocks, dtype=cp.int64)
-    launch = lambda: fn((blocks,), (THREADS,), (out, cycles, np.int32(iters)))
+    launch = lambda: fn((blocks,), (threads,), (out, cycles, np.int32(iters)))
     t_end = time.monotonic() + WARM_S
     while time.monotonic() < t_end:
         launch()
@@ -79,7 +81,7 @@ def _loop_kernel(cp, fn, sms: int, blocks_per_sm: int, iters: int, warmup: int, 
     clocks.stop()
     t_s = statistics.median(times_s)
     cyc = float(np.median(cp.asnumpy(cycles)))          # the last run's per-block cycles
-    return {"blocks": blocks, "blocks_per_sm": blocks_per_sm, "threads_per_block": THREADS, "iters": iters,
+    return {"blocks": blocks, "blocks_per_sm": blocks_per_sm, "threads_per_block": threads, "iters": iters,
             "time_s": t_s, "times_s": times_s, "block_cycles_median": cyc,
             # cycles one block ran / kernel seconds: the SM clock only when every block runs for the
             # whole kernel (one block per SM); with several, the warp scheduler finishes some early
@@ -118,13 +120,14 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
     res: dict = {}
 
     # mma.sync: warps * iters * CHAINS instructions, MMA_FLOPS_PER_WARP_INSTR FLOPs each;
-    # 8, 16 and 32 warps per SM (1, 2, 4 blocks of 256 threads)
-    for bps in (1, 2, 4):
-        r = _loop_kernel(cp, mod.get_function("mma_sync_loop"), sms, bps, 32768, warmup, repeats)
-        flops = r["blocks"] * (THREADS // 32) * r["iters"] * CHAINS * MMA_FLOPS_PER_WARP_INSTR
+    # 4 (one block of 128 threads: one warp a scheduler, as a lone FA2 forward block), 8, 16 and
+    # 32 warps per SM (1, 2, 4 blocks of 256 threads)
+    for bps, threads in ((1, 128), (1, THREADS), (2, THREADS), (4, THREADS)):
+        r = _loop_kernel(cp, mod.get_function("mma_sync_loop"), sms, bps, 32768, warmup, repeats, threads)
+        flops = r["blocks"] * (threads // 32) * r["iters"] * CHAINS * MMA_FLOPS_PER_WARP_INSTR
         r.update(flops=flops, flops_per_s=flops / r["time_s"],
                  flops_per_clk_per_sm=flops / (r["time_s"] * _clock_hz(r) * sms))
-        res[f"mma_sync_m16n8k16_f16_f32_{bps * THREADS // 32}warps"] = r
+        res[f"mma_sync_m16n8k16_f16_f32_{bps * threads // 32}warps"] = r
 
     # exp2 on the SFU: threads * iters * CHAINS results; 16 and 32 warps per SM
     for bps in (2, 4):

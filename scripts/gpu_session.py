@@ -52,12 +52,13 @@ def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 40
             impl, str(head_dim), str(seq_len), "false", pass_name)
 
 
-def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224) -> tuple:
-    """As _ncu, one forward of one wave of `tiles` 128-row tiles an SM (batch 1, --tiles-per-sm),
-    into {out}/ncu-IMPL-D-N-kK.csv."""
+def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_name: str = "forward") -> tuple:
+    """As _ncu, one pass of one wave of `tiles` 128-row tiles an SM (batch 1, --tiles-per-sm),
+    into {out}/ncu-IMPL-D-N-kK.csv (-backward before .csv for the backward)."""
+    tail = "" if pass_name == "forward" else f"-{pass_name}"
     return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-k{tiles}.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
-            impl, str(head_dim), str(seq_len), "false", "forward", "--tiles-per-sm", str(tiles))
+            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-k{tiles}{tail}.csv", PY, "-m", "hbmsim.kernels.library",
+            "--ncu", impl, str(head_dim), str(seq_len), "false", pass_name, "--tiles-per-sm", str(tiles))
 
 
 def _summarise(csvs: tuple, out: str) -> tuple:
@@ -89,6 +90,16 @@ STEPS = (
          "dim 64 (predicted 10-14% short, 128 within 4%), and why the operand reads overlap the mma.sync "
          "at 256 (predicted 20-24% long)",
          (("{gpu}-ncu-one-wave.json", "scenarios/measured/{gpu}-ncu-one-wave.json"),)),
+    Step("lone-block", 240, (
+        (PY, "-m", "hbmsim.scenarios.cli", "microbench", "--out", "{out}/{gpu}-microbench-4warps.json"),
+        _ncu_wave("fa2", 64, 1, pass_name="backward"), _ncu_wave("fa2", 128, 1, pass_name="backward"),
+        _summarise(("ncu-fa2-64-4224-k1-backward.csv", "ncu-fa2-128-4224-k1-backward.csv"),
+                   "{out}/{gpu}-ncu-one-wave-bwd.json")),
+         "issue 23: mma.sync's rate with one warp a scheduler (a lone 4-warp FA2 forward block is 10-14% "
+         "longer than its counted work at head dim 64), and FA2's backward with one block an SM under Nsight "
+         "(predicted 10-16% long at head dims 64 and 128, right at 256)",
+         (("{gpu}-microbench-4warps.json", "scenarios/measured/{gpu}-microbench-4warps.json"),
+          ("{gpu}-ncu-one-wave-bwd.json", "scenarios/measured/{gpu}-ncu-one-wave-bwd.json"))),
     Step("ncu-stalls", 240, (
         _ncu("fa2", 128), _ncu("pytorch", 64),
         _summarise(("ncu-fa2-128-4096-forward.csv", "ncu-pytorch-64-4096-forward.csv"), "{out}/{gpu}-ncu-stalls.json")),
