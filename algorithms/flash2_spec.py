@@ -186,7 +186,7 @@ def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: b
         bwd = (fwd.block_q if m.block_q_bwd == AUTO else m.block_q_bwd,
                fwd.block_kv if m.block_kv_bwd == AUTO else m.block_kv_bwd)
         return replace(m, block_q=fwd.block_q, block_kv=fwd.block_kv, block_q_bwd=bwd[0], block_kv_bwd=bwd[1],
-                       q_tile_rows=_q_tile_rows(m, fwd.block_q, fwd.block_q, fwd.block_q),
+                       q_tile_rows=_q_tile_rows(m, wl, fwd.block_q, fwd.block_q),
                        warps=4 if m.warps == AUTO else m.warps,
                        warps_bwd=4 if m.warps_bwd == AUTO else m.warps_bwd), notes
     kernel_fwd, kernel_bwd = fa2_kernel_blocks(gpu.sram_bytes_per_sm, wl)
@@ -216,15 +216,14 @@ def _resolve_blocks(gpu, wl: Workload, m: Flash2Blocks, training: bool, split: b
         out["block_q_bwd"], out["block_kv_bwd"] = _fit(out["block_q_bwd"], out["block_kv_bwd"],
                                                        lambda r, c: flash2_bwd_sram_bytes(wl, r, c), limit,
                                                        "backward", notes)
-    unclipped = kernel_fwd[0] if m.block_q == AUTO else m.block_q
-    out["q_tile_rows"] = _q_tile_rows(m, unclipped, min(unclipped, wl.seq_len_q), out["block_q"])
+    out["q_tile_rows"] = _q_tile_rows(m, wl, kernel_fwd[0] if m.block_q == AUTO else m.block_q, out["block_q"])
     return replace(m, **out), tuple(notes)
 
 
-def _q_tile_rows(m: Flash2Blocks, unclipped: int, clipped: int, block_q: int) -> int:
-    """The resolved q_tile_rows: the user's (at least block_q), else the tile before the sequence clipped
-    it (`unclipped`) unless an SRAM fit shrank block_q below `clipped`; block_q where the variant
-    computes only its rows (paper, teaching)."""
+def _q_tile_rows(m: Flash2Blocks, wl: Workload, unclipped: int, block_q: int) -> int:
+    """The resolved q_tile_rows: the user's (at least block_q), else the tile before the sequence
+    clipped it (`unclipped`) unless an SRAM fit shrank block_q below that clip; block_q where the
+    variant computes only its rows (paper, teaching)."""
     if m.q_tile_rows != AUTO:
         if m.q_tile_rows < block_q:
             raise HbmsimError(f"flash2: q_tile_rows = {m.q_tile_rows} must be at least block_q = {block_q} (the "
@@ -232,7 +231,7 @@ def _q_tile_rows(m: Flash2Blocks, unclipped: int, clipped: int, block_q: int) ->
         return m.q_tile_rows
     if m.variant != FA2_KERNEL:
         return block_q
-    return unclipped if block_q >= clipped else block_q
+    return unclipped if block_q >= min(unclipped, wl.seq_len_q) else block_q
 
 
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:

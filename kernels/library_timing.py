@@ -278,11 +278,11 @@ def measure_grid(out_path: str, impls, head_dims, causals, max_seq_len: int, war
         doc["skipped"] += [{"reason": r} for r in reasons]
         prov["setup"] = (f"fp16, no dropout, batch 1, heads = K x {prov['sm_count']} SMs x {TILE_ROWS} / N for K in "
                          f"{list(tiles_per_sm)} (K {TILE_ROWS}-row tiles per SM: one wave where K blocks fit)")
-        shapes = lambda d: grid                                         # noqa: E731
+        shapes = {d: grid for d in head_dims}
     else:
         batch_seq = BATCH_SEQ if not seq_lens else tuple((max(1, TOKENS // n), n) for n in seq_lens)
-        shapes = lambda d: [(b, HIDDEN // d, n) for b, n in batch_seq]  # noqa: E731
-    configs = [(impl, causal, d, b, h, n) for causal in causals for d in head_dims for b, h, n in shapes(d)
+        shapes = {d: [(b, HIDDEN // d, n) for b, n in batch_seq] for d in head_dims}
+    configs = [(impl, causal, d, b, h, n) for causal in causals for d in head_dims for b, h, n in shapes[d]
                for impl in impls if n <= max_seq_len]
     for i, (impl, causal, d, b, h, n) in enumerate(configs):
         wl = {"batch": b, "heads": h, "seq_len": n, "seq_len_q": n, "seq_len_kv": n, "head_dim": d, "dtype": "fp16",

@@ -44,21 +44,25 @@ class Step:
     ship: tuple = ()        # (file in the folder, where it goes in the repository)
 
 
-def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096) -> tuple:
-    """One warmed pass of the library's `impl` under Nsight Compute's full set, its raw page
-    into {out}/ncu-IMPL-D-N-PASS.csv (kernels/library_nsight.py: ncu_one)."""
+def _ncu_run(csv: str, *library_args: str) -> tuple:
+    """`python -m hbmsim.kernels.library library_args` under Nsight Compute's full set, its raw page
+    into {out}/CSV (kernels/library_nsight.py: ncu_one)."""
     return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-{pass_name}.csv", PY, "-m", "hbmsim.kernels.library", "--ncu",
-            impl, str(head_dim), str(seq_len), "false", pass_name)
+            f"{{out}}/{csv}", PY, "-m", "hbmsim.kernels.library", *library_args)
+
+
+def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096) -> tuple:
+    """One warmed pass of the library's `impl` into {out}/ncu-IMPL-D-N-PASS.csv."""
+    return _ncu_run(f"ncu-{impl}-{head_dim}-{seq_len}-{pass_name}.csv", "--ncu", impl, str(head_dim), str(seq_len),
+                    "false", pass_name)
 
 
 def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_name: str = "forward") -> tuple:
     """As _ncu, one pass of one wave of `tiles` 128-row tiles an SM (batch 1, --tiles-per-sm),
     into {out}/ncu-IMPL-D-N-kK.csv (-backward before .csv for the backward)."""
     tail = "" if pass_name == "forward" else f"-{pass_name}"
-    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-            f"{{out}}/ncu-{impl}-{head_dim}-{seq_len}-k{tiles}{tail}.csv", PY, "-m", "hbmsim.kernels.library",
-            "--ncu", impl, str(head_dim), str(seq_len), "false", pass_name, "--tiles-per-sm", str(tiles))
+    return _ncu_run(f"ncu-{impl}-{head_dim}-{seq_len}-k{tiles}{tail}.csv", "--ncu", impl, str(head_dim), str(seq_len),
+                    "false", pass_name, "--tiles-per-sm", str(tiles))
 
 
 def _summarise(csvs: tuple, out: str) -> tuple:

@@ -43,7 +43,7 @@ from .shared_pipes import SharedPipes
 from .simpy_adapter import Inline, events_scheduled
 from .tensor import SECTOR_BYTES
 from .host import DEFAULT_HOST
-from .time_model import ASYNC_TENSOR_OPS, MMA_SYNC, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
+from .time_model import TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -102,7 +102,7 @@ class Machine:
                                              state.vector_work)
         sm = ctx.sm
         try:
-            if (rates.pipes and tensor_op in ASYNC_TENSOR_OPS) or (rates.mma_sync_pipes and tensor_op == MMA_SYNC):
+            if tensor_op in rates.two_pipe_ops:
                 # sm_pipes (mma_sync_pipes): a wgmma (mma.sync) kernel's GEMM on the tensor pipe, then
                 # (if its softmax needs the GEMM) its vector work on the vector pipe
                 tensor_done_s = self.sms[sm].reserve(tensor_s, after_s) if tensor_s else max(self.env._now, after_s)

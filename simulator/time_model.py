@@ -218,7 +218,7 @@ class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
     __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "pipes",
-                 "mma_sync_pipes", "_known")
+                 "two_pipe_ops", "_known")
     # s_per_vec_op: seconds per unit of vector work on one SM, by Launch.vector_work
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
@@ -252,12 +252,13 @@ class SmRates:
         # tensor and vector pipes apart (machine.py keeps two per SM), unless xu_tensor_serial says they
         # do not overlap
         self.pipes = model.sm_pipes and not model.xu_tensor_serial
-        # mma_sync_pipes: an mma.sync kernel's softmax beside the other resident blocks' GEMMs and
-        # operand reads, on a GPU whose preset measured those two serial (mma_sync_operands_serial)
-        self.mma_sync_pipes = (model.mma_sync_pipes and model.mma_sync and gpu.mma_sync_fraction > 0
-                               and gpu.mma_sync_operands_serial > 0)
-        self.operands_add = (model.mma_operands and model.mma_sync and gpu.mma_sync_fraction > 0
-                             and gpu.mma_sync_operands_serial > 0)
+        # a GPU whose preset measured mma.sync's operand reads serial with it (mma_sync_operands_serial)
+        operands_serial = model.mma_sync and gpu.mma_sync_fraction > 0 and gpu.mma_sync_operands_serial > 0
+        self.operands_add = model.mma_operands and operands_serial
+        # the tensor ops whose kernels get the two pipes: wgmma's (sm_pipes), and mma.sync's where its
+        # operand reads are serial (mma_sync_pipes: the softmax beside the other resident blocks' GEMMs)
+        self.two_pipe_ops = frozenset((ASYNC_TENSOR_OPS if self.pipes else ())
+                                      + ((MMA_SYNC,) if model.mma_sync_pipes and operands_serial else ()))
         self._known: dict = {}    # compute_s's arguments -> its result
 
     def compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
