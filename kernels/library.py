@@ -7,7 +7,8 @@ GPU, and profiles them. `hbmsim profile-library` checks its input and calls main
   pass by pass, into a measured file that `hbmsim validate FILE` reads (kernels/library_timing.py);
 - `--ncu IMPL D N CAUSAL PASS`: run one pass of one configuration for Nsight Compute to profile
   (DRAM and L2 bytes per kernel), `--ops IMPL D N CAUSAL`: print which operator launched each
-  kernel, `--summarise-ncu CSV...`: ncu raw pages -> `--out` JSON (kernels/library_nsight.py);
+  kernel, `--ncu-decode B N`: one decode call (the --decode grid's SDPA set-up) for Nsight Compute,
+  `--summarise-ncu CSV...`: ncu raw pages -> `--out` JSON (kernels/library_nsight.py);
 - `--decode --out FILE [--out-kvcache FILE2]`: time decode (one query row, grouped-query heads,
   long KV) over a batch x KV-length grid, forward only: torch SDPA's FLASH backend with enable_gqa
   into FILE, flash-attn's flash_attn_with_kvcache (contiguous and paged) into FILE2 when the
@@ -23,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .library_nsight import ncu_one, op_table, summarise_ncu_raw, summary_provenance
+from .library_nsight import ncu_decode, ncu_one, op_table, summarise_ncu_raw, summary_provenance
 from . import library_decode
 from .library_timing import DEFAULT_IMPLEMENTATIONS, HEAD_DIMS, IMPLEMENTATIONS, measure_grid
 
@@ -46,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--ncu", nargs=5, metavar=("IMPL", "D", "N", "CAUSAL", "PASS"))
+    p.add_argument("--ncu-decode", nargs=2, type=positive_int, metavar=("B", "N"),
+                   help="run one decode call (the --decode grid's SDPA set-up, batch B, KV length N) for ncu")
     p.add_argument("--ops", nargs=4, metavar=("IMPL", "D", "N", "CAUSAL"))
     p.add_argument("--summarise-ncu", nargs="+", metavar="CSV", help="ncu raw-page CSVs -> --out JSON")
     p.add_argument("--decode", action="store_true", help="the decode grid (kernels/library_decode.py)")
@@ -102,6 +105,8 @@ def main(argv=None) -> int:
         prov = summary_provenance(a.summarise_ncu, texts, command)
         Path(a.out).write_text(json.dumps({"source": "measured", "provenance": prov, "runs": runs}, indent=1) + "\n")
         return 0
+    if a.ncu_decode:
+        return ncu_decode(*a.ncu_decode)
     if a.ops:
         impl, d, n, causal = a.ops
         return op_table(impl, int(d), int(n), causal == "true")

@@ -56,6 +56,27 @@ def ncu_one(impl, d, n, causal, pass_name, tiles_per_sm=None) -> int:
     return 0
 
 
+def ncu_decode(batch: int, kv_len: int) -> int:
+    """Under ncu (--profile-from-start off): one decode call of the decode grid's SDPA set-up
+    (kernels/library_decode.py: GQA 32/8 heads, head dim 128, one query row, KV length `kv_len`),
+    after two warm-up calls and, as the timed grid does, a zeroed buffer of 4x the L2 (the cache
+    cold): its split-KV and combine kernels between cudaProfilerStart and Stop."""
+    from .library_decode import SDPA, TorchDecode
+    td = TorchDecode(flush_l2=True)
+    import torch
+    with torch.no_grad():
+        fn = td._call(SDPA, batch, kv_len, None)
+        fn(), fn()
+        td._flush()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    td.stop()
+    return 0
+
+
 def op_table(impl, d, n, causal) -> int:
     """Print which operator launched each kernel (torch.profiler, CPU + CUDA, input shapes)."""
     import torch
@@ -86,7 +107,8 @@ NCU_SUMMARY_METRICS = (
     "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
     "smsp__issue_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
-    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sector_hit_rate.pct", "lts__t_sector_op_read_hit_rate.pct", "sm__cycles_elapsed.max")
 
 
 # ... and every column whose name starts with one of these (the names differ between ncu versions):

@@ -95,3 +95,20 @@ extern "C" __global__ void l2_read_loop(const unsigned* buf, float* out, long lo
     out[blockIdx.x * blockDim.x + threadIdx.x] = (float)s;
     if (threadIdx.x == 0) { cycles[blockIdx.x] = t1 - t0; }
 }
+
+// - pointer_chase: load-to-use latency. One thread follows a random cycle through a buffer, a
+//   line (128 bytes) a step, each load's address the value the last load returned
+//   (idx = buf[idx] through ld.global.cg: cached at the L2, not in L1), so no two loads are ever in
+//   flight together: cycles / steps is one load's latency (plus the loop's one add and compare,
+//   which issue under it). A buffer of a few MB, walked once untimed, is served by the L2 (its
+//   hit latency, averaged over the L2's partitions as any kernel's lines are); one many times the
+//   L2, by DRAM (the latency of a miss): each walk starts where the last one stopped (out[0]), so
+//   no line is visited twice until the whole cycle has been.
+extern "C" __global__ void pointer_chase(const unsigned* buf, unsigned* out, long long* cycles, int steps) {
+    unsigned idx = out[0];
+    long long t0 = clock64();
+    for (int i = 0; i < steps; ++i) { idx = __ldcg(buf + idx); }
+    long long t1 = clock64();
+    out[0] = idx;
+    cycles[0] = t1 - t0;
+}

@@ -14,6 +14,11 @@ warm-up, with CUDA events:
   bytes of the L2's line bandwidth a lone 32-byte sector costs (32: sector-exact, as the
   simulator counts it; 64: a slot of two sectors).
 
+- load-to-use latency (pointer_chase: one thread, each load's address the last load's value):
+  an L2 hit (a 4 MiB buffer walked once untimed) and a DRAM access (256 MiB and 2 GiB buffers, each
+  walk on from where the last stopped: every line new), in SM
+  cycles (clock64) and in seconds (CUDA events over the whole walk); `--latency`: these only.
+
 With the host's launch and dispatch times (kernels/host_microbench.py; `--host`: those only),
 and the HostSpec fields they give (the file's "host_spec", read by simulator/host.py).
 
@@ -113,6 +118,50 @@ def l2_rates(warps: int, iters: int, line_s: float, sector_s: float) -> dict:
             "l2_sector_cost_bytes": line_bytes_per_s / sector_requests_per_s}
 
 
+CHASE_LINE_BYTES = 128                               # a step a line: no two steps share an L2 line
+# bytes: well inside every preset's L2; 5x and 40x H100's (the larger walk meets more TLB misses)
+CHASE_BUFFERS = {"l2_hit": 4 << 20, "dram_256mib": 256 << 20, "dram": 2 << 30}
+CHASE_STEPS = 1 << 16                                # loads a walk (~10-30 ms)
+
+
+def chase_cycle(n_lines: int, seed: int = 0) -> np.ndarray:
+    """The buffer (uint32 words) of one random cycle through n_lines lines: the first word of line
+    j holds the word index of the line after j, so idx = buf[idx] visits every line once per lap."""
+    order = np.random.default_rng(seed).permutation(n_lines).astype(np.int64)
+    stride = CHASE_LINE_BYTES // 4
+    buf = np.zeros(n_lines * stride, dtype=np.uint32)
+    buf[order * stride] = np.roll(order, -1) * stride
+    return buf
+
+
+def measure_latency(warmup: int = 1, repeats: int = 5) -> dict:
+    """pointer_chase over each of CHASE_BUFFERS: seconds and cycles a load (medians of the repeats)."""
+    cp, mod = _module()
+    fn = mod.get_function("pointer_chase")
+    out, cycles, res = cp.zeros(1, dtype=cp.uint32), cp.zeros(1, dtype=cp.int64), {}
+    for name, nbytes in CHASE_BUFFERS.items():
+        out[0] = 0                       # each walk goes on from the last one's line (pointer_chase)
+        buf = cp.asarray(chase_cycle(nbytes // CHASE_LINE_BYTES))
+        steps = min(CHASE_STEPS, nbytes // CHASE_LINE_BYTES) if name == "l2_hit" else CHASE_STEPS
+        launch = lambda: fn((1,), (1,), (buf, out, cycles, np.int32(steps)))
+        per_load_cycles = []
+
+        def run():
+            launch()
+            cp.cuda.Device().synchronize()
+            per_load_cycles.append(int(cycles.get()[0]) / steps)
+        times = _timed(cp, run, warmup, repeats)
+        cyc = statistics.median(per_load_cycles[warmup:])
+        t_s = statistics.median(times) / steps
+        res[f"load_latency_{name}"] = {"buffer_bytes": nbytes, "steps": steps, "threads": 1,
+                                       "cycles_per_load": cyc, "seconds_per_load": t_s,
+                                       "sm_clock_hz": cyc / t_s, "time_s": statistics.median(times),
+                                       "times_s": times,
+                                       "method": "CUDA events around one walk of `steps` dependent loads "
+                                                 "(the launch's microseconds included, under 1% of a walk)"}
+    return res
+
+
 def measure(warmup: int = 3, repeats: int = 10) -> dict:
     cp, mod = _module()
     dev = cp.cuda.Device()
@@ -168,26 +217,42 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
     times = _timed(cp, lambda: triad(b, c, s, a), warmup, repeats)
     t_s = statistics.median(times)
     res["dram_triad"] = {"bytes": 3 * 4 * n, "time_s": t_s, "times_s": times, "bytes_per_s": 3 * 4 * n / t_s}
+    res.update(measure_latency())
     return res
 
 
-def main(argv=None) -> int:
+def parser():
     import argparse
-    import sys
-    from . import host_microbench
-    from .profile import gpu_provenance
     p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.microbench")
     p.add_argument("--out", required=True)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--host", action="store_true", help="the host's launch and dispatch fields only (no rates)")
-    a = p.parse_args(argv)
+    p.add_argument("--latency", action="store_true", help="the load-to-use latencies only (pointer_chase)")
+    return p
+
+
+def main(argv=None) -> int:
+    import sys
+    from . import host_microbench
+    from .profile import gpu_provenance
+    a = parser().parse_args(argv)
     command = ["python", "-m", "hbmsim.kernels.microbench", "--out", a.out, "--repeats", str(a.repeats)]
     command += ["--host"] if a.host else []
+    command += ["--latency"] if a.latency else []
     prov = gpu_provenance(command, 3, a.repeats, None)
     prov.update(host_microbench.host_provenance())
     prov["timing"] = {"method": "CUDA events around each launch; clock64 cycles per block; the host entries: "
                                 "time.perf_counter and CUDA events, each entry's method", "warmup": 3,
                       "repeats": a.repeats, "statistic": "median"}
+    if a.latency:
+        results = measure_latency()
+        doc = {"source": "measured", "what": "load-to-use latency microbenchmark (kernels/microbench.cu: "
+                                             "pointer_chase; kernels/microbench.py: measure_latency)",
+               "provenance": prov, "results": results}
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+        for k, v in results.items():
+            print(k, {x: y for x, y in v.items() if not isinstance(y, (list, dict)) and x != "method"}, file=sys.stderr)
+        return 0
     results = {} if a.host else measure(repeats=a.repeats)
     host = host_microbench.measure(repeats=a.repeats)
     results.update(host)

@@ -190,7 +190,8 @@ def cmd_microbench(args) -> int:
     if not ok:
         raise HbmsimError(f"microbench: no GPU to measure on ({why}); nothing was measured or written")
     host = ["--host"] if getattr(args, "host", False) else []
-    return main(["--out", args.out, "--repeats", str(args.repeats), *host])
+    latency = ["--latency"] if getattr(args, "latency", False) else []
+    return main(["--out", args.out, "--repeats", str(args.repeats), *host, *latency])
 
 
 def cmd_profile_library(args) -> int:

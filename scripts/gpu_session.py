@@ -65,6 +65,18 @@ def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_na
                     "false", pass_name, "--tiles-per-sm", str(tiles))
 
 
+def _ncu_decode(batch: int, kv_len: int) -> tuple:
+    """One decode call (library --ncu-decode) under Nsight Compute into {out}/ncu-decode-bB-N.csv, the
+    L2 left as the kernels leave it (--cache-control none: the combine kernel reads the partial outputs
+    the split kernel has just written, as it does outside ncu)."""
+    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--cache-control", "none", "--profile-from-start",
+            "off", "--log-file", f"{{out}}/ncu-decode-b{batch}-{kv_len}.csv", PY, "-m", "hbmsim.kernels.library",
+            "--ncu-decode", str(batch), str(kv_len))
+
+
+DECODE_NCU = ((1, 1024), (1, 16384), (8, 16384))
+
+
 def _summarise(csvs: tuple, out: str) -> tuple:
     return (PY, "-m", "hbmsim.kernels.library", "--summarise-ncu", *(f"{{out}}/{c}" for c in csvs), "--out", out)
 
@@ -138,6 +150,18 @@ STEPS = (
          "issue 25: decode with grouped-query heads, split-KV and paged caches",
          (("{gpu}-decode-sdpa-gqa.json", "scenarios/measured/{gpu}-decode-sdpa-gqa.json"),
           ("{gpu}-decode-fa2-kvcache.json", "scenarios/measured/{gpu}-decode-fa2-kvcache.json"))),
+    Step("ncu-decode", 240, (
+        *(_ncu_decode(b, n) for b, n in DECODE_NCU),
+        _summarise(tuple(f"ncu-decode-b{b}-{n}.csv" for b, n in DECODE_NCU), "{out}/{gpu}-ncu-decode.json")),
+         "issue 23: why FA2's split-KV combine kernel takes 3.6-9.8 us (measured kernel rows, H200) where one "
+         "parallel load of the partial outputs predicts under 1 us: its loop over the splits (8, 32 and 4 "
+         "here), L2 hits, long-scoreboard stalls a split",
+         (("{gpu}-ncu-decode.json", "scenarios/measured/{gpu}-ncu-decode.json"),)),
+    Step("latency", 120, ((PY, "-m", "hbmsim.kernels.microbench", "--latency", "--out", "{out}/{gpu}-latency.json"),),
+         "issue 23: an L2 hit's and a DRAM access's load-to-use latency on this GPU (pointer_chase): what each of "
+         "the split-KV combine kernel's dependent split loads waits (Nsight: ~0.21 us a split at base and boost "
+         "clocks alike, L2 hits), and the preset's hbm_latency_s (now an H800 PCIe figure)",
+         (("{gpu}-latency.json", "scenarios/measured/{gpu}-latency.json"),)),
     Step("grid-tc", 300, ((PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
                            "--seq-len", "4096", "--l2", "cold", "--out", "{out}/{gpu}-grid-tc-4k-cold.json"),),
          "issue 24: the tensor-core kernel's block grid at N = 4096, cold L2 (then `hbmsim blockmap --measured`)",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hbmsim.kernels import library
+from hbmsim.kernels import library, microbench
 from hbmsim.scenarios.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +36,8 @@ def test_every_command_parses_against_todays_cli(step):
         elif module == "hbmsim.kernels.library":
             args = library.parser().parse_args(rest)
             assert all(i in library.IMPLEMENTATIONS for i in args.impl or ())
+        elif module == "hbmsim.kernels.microbench":
+            microbench.parser().parse_args(rest)
         else:
             assert module == "pytest" and rest[:2] == ["-m", "gpu"]
 

@@ -282,7 +282,9 @@ def test_hbmsim_microbench_passes_host_on(tmp_path, monkeypatch):
     out = str(tmp_path / "h.json")
     assert main(["microbench", "--host", "--out", out, "--repeats", "4"]) == 0
     assert main(["microbench", "--out", out]) == 0
-    assert seen == [["--out", out, "--repeats", "4", "--host"], ["--out", out, "--repeats", "10"]]
+    assert main(["microbench", "--latency", "--out", out]) == 0
+    assert seen == [["--out", out, "--repeats", "4", "--host"], ["--out", out, "--repeats", "10"],
+                    ["--out", out, "--repeats", "10", "--latency"]]
 
 
 def test_hbmsim_microbench_without_gpu_says_so_in_one_line(tmp_path, monkeypatch, capsys):
@@ -541,9 +543,11 @@ def test_the_rate_kernels_compile_for_sm80_and_sm90(tmp_path, arch):
     # microbench.cu: mma.sync, ex2, the L2's lines against lone sectors, whose CHAINS loads a trip
     # are ld.global.cg (at the L2, not L1)
     text = _ptx(tmp_path, microbench.MICROBENCH_SOURCE, arch)
-    for name in ("mma_sync_loop", "ex2_loop", "l2_read_loop"):
+    for name in ("mma_sync_loop", "ex2_loop", "l2_read_loop", "pointer_chase"):
         assert f".entry {name}(" in text, name
-    assert text.count("ld.global.cg") == microbench.CHAINS
+    entries = {e.split("(")[0]: e for e in text.split(".entry ")[1:]}
+    assert entries["l2_read_loop"].count("ld.global.cg") == microbench.CHAINS
+    assert entries["pointer_chase"].count("ld.global.cg") >= 1       # (the loop unrolled: several, each dependent)
 
 
 def test_l2_rates_by_hand():

@@ -132,4 +132,6 @@ def add_microbench(sub) -> None:
     mb.add_argument("--repeats", type=count(1), default=10, help="timed launches; the median is kept (default 10)")
     mb.add_argument("--host", action="store_true", help="only the host's launch, gap, queue and PyTorch dispatch "
                     "times (the HostSpec fields; seconds, not minutes)")
+    mb.add_argument("--latency", action="store_true", help="only the load-to-use latencies of an L2 hit and a DRAM "
+                    "access (a pointer chase: the presets' l2_hit_latency_s and hbm_latency_s)")
     mb.set_defaults(func=cmd_microbench)
