@@ -298,9 +298,15 @@ def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric:
         lses = yield from ctx.load_tiles(*[(L_acc[s * G + g], r, one) for s in range(num_splits) for g, r in pieces])
         # lse = log sum_s exp(lse_s) with the max taken out: a max, a sub + exp and a sum per value
         yield from ctx.compute(vector_flops=4 * num_splits * rows_n + 2 * rows_n, exp_ops=num_splits * rows_n)
-        parts = yield from ctx.load_tiles(*[(O_acc[s * G + g], r, slice(0, d)) for s in range(num_splits)
-                                            for g, r in pieces])
-        yield from ctx.compute(vector_flops=2 * num_splits * rows_n * d)
+        # O = sum_s scale_s O_s, split after split: the kernel loads each split's partial outputs into one
+        # register tile and adds them in before it loads the next (a runtime trip count, not unrolled:
+        # combine_attn_seqk_parallel), so each split's load waits its latency (time_model: l2_hit_latency)
+        parts = [None] * (num_splits * len(pieces))
+        for s in range(num_splits):
+            got = yield from ctx.load_tiles(*[(O_acc[s * G + g], r, slice(0, d)) for g, r in pieces])
+            parts[s * len(pieces):(s + 1) * len(pieces)] = got
+            # a multiply-add per output element: 2 FLOPs
+            yield from ctx.compute(vector_flops=2 * rows_n * d)
         stores = []
         for j, (g, r) in enumerate(pieces):
             o_tile = lse_tile = None

@@ -121,15 +121,19 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         v_loads: list = [None] * len(steps)
         k_ready = [ctx.event() for _ in steps]      # the producer issued K_j's TMA load
         v_ready = [ctx.event() for _ in steps]      # ... V_j's (and, FP8, transposed it)
-        released = [ctx.event() for _ in steps]     # every warpgroup is done with slot j's K_j, V_j
-        done_with = [0] * len(steps)
+        # every warpgroup is done with slot j's K_j (its S GEMM done) / V_j (its P V done): the kernel's
+        # two pipelines (pipeline_k, pipeline_v: K's slot is released as soon as the QK GEMM has read
+        # it, mainloop_fwd_sm90_tma_gmma_ws.hpp), so K_{j+stages} loads while P_j V_j still runs
+        k_released = [ctx.event() for _ in steps]
+        v_released = [ctx.event() for _ in steps]
+        done_with = {"k": [0] * len(steps), "v": [0] * len(steps)}
         turn = [ctx.event() for _ in wgs]           # ping-pong: whose GEMMs go next
         q_load = ctx.prefetch((Q[g], rows, all_cols))
 
-        def release(s_i):
-            done_with[s_i] += 1
-            if done_with[s_i] == n_wg:
-                released[s_i].succeed()
+        def release(which, s_i):
+            done_with[which][s_i] += 1
+            if done_with[which][s_i] == n_wg:
+                (k_released if which == "k" else v_released)[s_i].succeed()
 
         def transpose_v(s_i, nc):
             # FP8: the producer warpgroup reads V_j from shared memory and writes it back
@@ -141,9 +145,11 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         def producer():
             for s_i, (c0, c1, _tiles) in enumerate(steps):
                 if s_i >= stages:
-                    yield released[s_i - stages]      # the slot's previous K, V are no longer read
+                    yield k_released[s_i - stages]    # the slot's previous K is no longer read
                 k_loads[s_i] = ctx.prefetch(*kv_tiles(K, c0, c1))
                 k_ready[s_i].succeed()
+                if s_i >= stages:
+                    yield v_released[s_i - stages]    # ... nor its previous V
                 v_loads[s_i] = ctx.prefetch(*kv_tiles(V, c0, c1))
                 if fp8:
                     ctx.fork(transpose_v(s_i, c1 - c0), "V transpose")
@@ -203,13 +209,14 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     # cores run wgmma in issue order, so they start when these two are done
                     ctx.fork(hand_over(s_ev + tuple(pv_ev), turn[(w + 1) % n_wg]))
                 yield from s_ev
+                release("k", s_i)
                 # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1})
                 yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)
                                        + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
                                        exp_ops=n * nc + tiles * n)
                 yield from pv_ev
                 if pending is not None:
-                    release(pending[0])
+                    release("v", pending[0])
                 p = alpha = None
                 if numeric:
                     s = masked_scores(wl, scale, q, k, None, w0, w1, c0, c1)
@@ -222,7 +229,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     yield from ctx.compute(**pv_work(n, nc, tiles))
                     if numeric:
                         acc = alpha[:, None] * acc + p @ v
-                    release(s_i)
+                    release("v", s_i)
                     pending = None
             if pending is not None:              # the last P V
                 yield v_ready[pending[0]]
@@ -230,7 +237,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 yield from ctx.compute(**pv_work(n, *pending[1:3]))
                 if numeric:
                     acc = pending[4][:, None] * acc + pending[3] @ v
-                release(pending[0])
+                release("v", pending[0])
             yield from ctx.compute(vector_flops=n * d + 2 * n)     # O = acc / l, lse = m + log l
             o_tile = lse_tile = None
             if numeric:

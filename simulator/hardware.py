@@ -23,7 +23,8 @@ INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes",
 # does not give, which switches that effect off for this GPU.
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
                   "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
-                   "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm", "block_dispatch_s")
+                   "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm", "block_dispatch_s",
+                   "l2_hit_latency_s")
 # Fractions of a peak: at most 1.
 FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
                    "mma_sync_operands_serial")
@@ -61,6 +62,10 @@ class GPU:
     # 1: the SMs have Hopper's TMA copy engine and warpgroup MMA (wgmma), which FlashAttention-3
     # needs (compute capability 9.0); 0: they do not (flash3 is refused)
     has_wgmma: int = 0
+    # load-to-use latency of a load served by the L2 (a pointer chase's, `hbmsim microbench`:
+    # load_latency_l2_hit), added after an L2 hit's bytes are served (time_model.py: l2_hit_latency);
+    # 0 = not given
+    l2_hit_latency_s: float = 0.0
     # seconds between the block scheduler's hand-outs of a launch's first blocks to consecutive SMs
     # (time_model.py: block_dispatch); 0 = every SM starts at once. Not measured yet in any preset:
     # `hbmsim microbench --host` records it (block_dispatch's per_block_s)

@@ -67,7 +67,9 @@ class Machine:
         self.env = simpy.Environment()
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
         self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
-        self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, 0.0, "l2_bytes_per_s") if self.l2 else None
+        # an L2 hit is served at the L2's rate, then waits its load-to-use latency (l2_hit_latency)
+        l2_latency_s = gpu.l2_hit_latency_s if self.model.l2_hit_latency else 0.0
+        self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, l2_latency_s, "l2_bytes_per_s") if self.l2 else None
         # L2 pipe bytes per counted byte of a GATHER tile's sector requests (context._issue): each
         # request takes l2_sector_request_bytes of the pipe (l2_sectors effect); 0: the effect off
         self.gather_pace = gpu.l2_sector_request_bytes / SECTOR_BYTES if self.model.l2_sectors else 0.0

@@ -119,8 +119,20 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   families by up to 4 points and a dQ dK dV worst case from 46% to 26-34% (docs/validation.md,
   "Lock-step waves"). No published figure gives it; measured on an H200 (`hbmsim microbench
   --host`, h200-host.json): a wave's 264 blocks start within one 0.24 us tick of the global
-  timer, so at most 1.8 ns from one SM to the next: bounded, not resolved; the presets give 0.
+  timer, so at most 1.8 ns from one SM to the next: bounded, not resolved; the presets give 0
+  (a stagger also keeps fast mode from folding a one-wave launch's loops: loop_fold.py). With
+  DRAM's measured 350 ns latency, lock-step puts decode's batch-8 split kernel 13-24% slow at
+  N >= 32k (every SM's loads in phase); 1 ns an SM brings it to +1..+5%.
   Off, or at 0: every SM starts at once.
+- l2_hit_latency: a load served by the L2 waits the preset's `l2_hit_latency_s` after its bytes
+  are served, as one served by DRAM waits `hbm_latency_s`. Measured (`hbmsim microbench`,
+  pointer_chase: one thread, each load's address the last one's value): 149 ns (290.6 cycles) on
+  an H100, 146 ns (286.8 cycles) on an H200 (h100-latency.json, h200-latency.json). A program that
+  prefetches (cp.async, TMA) hides it under its compute; a dependent loop pays it a trip: FA2's
+  split-KV combine kernel loads split after split into one register tile (a runtime trip count,
+  not unrolled), 0.21 us a split in its kernel rows at boost and base clocks alike (Nsight,
+  h100/h200-ncu-decode.json: 77-82% L2 hits, long-scoreboard stalls). Off, or 0 (the A100
+  presets: not measured): an L2 hit costs its bytes at the L2's rate only.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -179,6 +191,7 @@ class TimeModel:
     wgmma_full_rate: bool = True
     mma_sync_pipes: bool = True
     block_dispatch: bool = True
+    l2_hit_latency: bool = True
     host: bool = True
     sdpa_call: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);

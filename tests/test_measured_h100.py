@@ -101,6 +101,52 @@ def test_h100_preset_rates_are_the_microbenchmarks():
     assert r["flops_per_s"] == pytest.approx(r["flops"] / r["time_s"], rel=1e-12)
 
 
+def test_l2_hit_latency_is_the_shipped_pointer_chase(h100, h200):
+    """The presets' l2_hit_latency_s and hbm_latency_s are the pointer chase's seconds a load over an
+    L2-resident buffer and over 256 MiB, every line new (h100-latency.json, h200-latency.json); the
+    DRAM walks take 2.3-2.5x as long as the L2's."""
+    for gpu, name in ((h100, "h100"), (h200, "h200")):
+        res = json.loads((MEASURED_DIR / f"{name}-latency.json").read_text())["results"]
+        l2 = res["load_latency_l2_hit"]
+        assert gpu.l2_hit_latency_s == pytest.approx(l2["seconds_per_load"], rel=1e-3)
+        assert gpu.hbm_latency_s == pytest.approx(res["load_latency_dram_256mib"]["seconds_per_load"], rel=1e-3)
+        assert 280 < l2["cycles_per_load"] < 300
+        for dram in ("load_latency_dram_256mib", "load_latency_dram"):
+            assert 2.3 < res[dram]["seconds_per_load"] / l2["seconds_per_load"] < 2.5
+
+
+def test_the_combine_kernel_waits_a_latency_a_split_under_nsight(h100, h200):
+    """Nsight Compute on one decode call (h100/h200-ncu-decode.json): FA2's split-KV combine kernel
+    reads the split kernel's partial outputs from the L2 (77-82% of its read sectors hit, no DRAM
+    reads to speak of) and takes 200-210 ns more a split from 8 splits (N = 1024) to 32 (N = 16384),
+    one grid of 8 blocks: 1.3-1.5x an L2 hit's measured latency, what l2_hit_latency charges a split
+    (the rest: the loop's own dependent instructions, not modelled)."""
+    for gpu, name in ((h100, "h100"), (h200, "h200")):
+        runs = {r["file"]: next(k for k in r["kernels"] if "combine" in k["name"])
+                for r in json.loads((MEASURED_DIR / f"{name}-ncu-decode.json").read_text())["runs"]}
+        few, many = runs["ncu-decode-b1-1024.csv"], runs["ncu-decode-b1-16384.csv"]
+        assert few["launch__grid_size"] == many["launch__grid_size"] == 8
+        assert all(k["lts__t_sector_op_read_hit_rate.pct"] > 75 and k["dram__bytes_read.sum"] <= 256
+                   for k in runs.values())
+        per_split_s = (many["gpu__time_duration.sum"] - few["gpu__time_duration.sum"]) * 1e-9 / (32 - 8)
+        assert 1.3 < per_split_s / gpu.l2_hit_latency_s < 1.5
+
+
+def test_pointer_chase_cycle_visits_every_line_once():
+    """chase_cycle: the first word of each 128-byte line points at the next line's first word, one
+    cycle through all of them (a walk of n_lines steps comes back to its start, every line once)."""
+    from hbmsim.kernels.microbench import chase_cycle
+    n = 1000
+    buf = chase_cycle(n, seed=3)
+    assert buf.shape == (n * 32,) and not buf.reshape(n, 32)[:, 1:].any()
+    idx, seen = 0, []
+    for _ in range(n):
+        idx = int(buf[idx])
+        assert idx % 32 == 0
+        seen.append(idx // 32)
+    assert idx == 0 and sorted(seen) == list(range(n))
+
+
 def test_paper_flops_and_presets():
     # forward 4 N^2 d H B: N = 4096, d = 128, 16 heads, batch 4; causal halves; backward 2.5x
     assert paper_flops(4, 16, 4096, 128, False, "forward") == 4 * 4096 ** 2 * 128 * 16 * 4
@@ -186,6 +232,9 @@ def test_microbench_on_gpu(tmp_path):
     rates = {k: v for k, v in res.items() if not k.startswith("host_") and k not in ("block_dispatch", "kernel_floor")}
     assert {"dram_copy", "l2_read_lines_vs_sectors", "mma_sync_m16n8k16_f16_f32_8warps"} <= set(rates)
     assert all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in rates.values())
+    # a dependent load: an L2 hit in 100-1000 ns, a DRAM access longer
+    l2, dram = res["load_latency_l2_hit"]["seconds_per_load"], res["load_latency_dram"]["seconds_per_load"]
+    assert 1e-7 < l2 < dram < 1e-6
     assert 0 <= res["block_dispatch"]["per_block_s"] < 1e-6
     floor = res["kernel_floor"]
     assert "skipped" in floor or 0 < floor["kernel_s"] < 1e-4

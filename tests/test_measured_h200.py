@@ -25,7 +25,7 @@ TORCH_H100 = MEASURED_DIR / "h100-torch-fwd-bwd.json"
 REPEAT_H100 = MEASURED_DIR / "repeats" / "h100-2026-11-23-torch-fwd-bwd.json"
 
 # The same GH100 die, clocks, compute-capability 9.0 limits and tensor-core rates as the H100 SXM5.
-SAME_AS_H100 = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "sram_bytes_per_s_per_sm",
+SAME_AS_H100 = ("sm_count", "clock_hz", "sram_bytes_per_sm", "sram_bytes_per_s_per_sm",
                 "matmul_flops_per_s", "vector_flops_per_s", "l2_bytes_per_s", "max_blocks_per_sm",
                 "registers_per_sm", "sfu_ops_per_clk_per_sm", "mma_sync_operands_serial", "fp8_matmul_flops_per_s",
                 "has_wgmma", "warp_instructions_per_clk_per_sm")
@@ -33,7 +33,7 @@ SAME_AS_H100 = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "s
 DIFFERENT_FROM_H100 = ("hbm_bytes_per_s", "hbm_capacity_bytes", "l2_bytes")
 # Measured on the H200 itself by the microbenchmarks that measured the H100's.
 MEASURED_ON_EACH = ("tensor_achievable_fraction", "hbm_stream_fraction", "mma_sync_fraction", "block_dispatch_s",
-                    "l2_sector_request_bytes")
+                    "l2_sector_request_bytes", "hbm_latency_s", "l2_hit_latency_s")
 
 
 def _load(path):
@@ -128,7 +128,8 @@ def _simulated_and_measured(path, impl, p, d, n):
 def test_the_model_predicts_the_h200_against_the_h100_from_the_datasheets():
     """Out of sample: the H200 preset saw no attention time. Its HBM3e speeds up PyTorch's
     memory-bound forward (d 128, N = 1024) by what the GPUs measured within 5 points (predicted
-    0.848x with the host's dispatch on both, measured 0.805x against the H100 the same day), and
+    0.844x with the host's dispatch on both, measured 0.805x against the H100 the same day; 0.848x
+    before each GPU's own measured load latencies), and
     leaves FA2's forward, which the
     tensor and shared-memory pipes bound, where it was (predicted 1.000x). (0.838x before the
     transposing copy's sector requests were counted at the L2, tensor.GATHER: that copy is now
@@ -136,7 +137,7 @@ def test_the_model_predicts_the_h200_against_the_h100_from_the_datasheets():
     before the benchmark's 12 forward ops were counted one by one, FORWARD_HOST_OPS.)"""
     p200, m200 = _simulated_and_measured(TORCH_H200, "pytorch", "forward", 128, 1024)
     p100, m100 = _simulated_and_measured(REPEAT_H100, "pytorch", "forward", 128, 1024)
-    assert p200 / p100 == pytest.approx(0.848, abs=0.001)
+    assert p200 / p100 == pytest.approx(0.844, abs=0.001)
     assert m200 / m100 == pytest.approx(0.805, abs=0.001)
     assert abs(p200 / p100 - m200 / m100) < 0.05
     f200, _ = _simulated_and_measured(TORCH_H200, "fa2", "forward", 128, 1024)

@@ -133,6 +133,27 @@ def test_split_writes_fp32_partials_and_the_combine_reads_them(a100):
     assert combine["O_accum"].read == 5 * g * d * 4 and combine["O"].write == g * d * 2
 
 
+def test_combine_waits_an_l2_hit_latency_a_split(h100):
+    """FA2's combine kernel adds the splits' partial outputs one after the other into one register
+    tile (combine_attn_seqk_parallel: a runtime trip count), so each split's load waits the L2's
+    load-to-use latency (l2_hit_latency: 148.8 ns measured on an H100, h100-latency.json): with 8
+    blocks on 132 SMs, the kernel's chain is the LSEs' load, the S split loads and the output store,
+    S + 2 latencies more than without the effect. Counts are the same either way."""
+    from hbmsim.simulator import TimeModel
+    wl = Workload(1, 32, 1, 4096, 128, kv_heads=8)
+    m, _ = SPEC.resolved(h100, wl, Flash2Blocks(num_splits="auto"), False)
+    assert m.num_splits == 32
+    times, counts = {}, {}
+    for on in (True, False):
+        model = TimeModel() if on else TimeModel().off("l2_hit_latency")
+        r = simulate(h100, SPEC.build(wl, m, None, False), model=model)
+        combine = next(k for k in r.kernels if k.name == "flash2_fwd_splitkv_combine")
+        times[on], counts[on] = combine.end_s - combine.start_s, counted(r)
+    assert h100.l2_hit_latency_s == pytest.approx(148.8e-9)
+    assert times[True] - times[False] == pytest.approx((32 + 2) * h100.l2_hit_latency_s, rel=0.02)
+    assert counts[True] == counts[False] == nonzero(SPEC.io(wl, m, "forward"))
+
+
 def test_kv_append_counts_the_new_tokens(a100):
     """The new token's K and V: read from K_new / V_new and written into the cache once per block
     whose split holds the cache's last row (packed: one per K/V head)."""

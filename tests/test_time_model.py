@@ -342,3 +342,26 @@ def test_two_resident_mma_sync_blocks_overlap_one_softmax_with_the_other_gemm():
     # under the mma (max(2, 2) us) and the softmax after: 2 x (2 + 2) us
     a100_like = tiny_gpu(**one_sm, mma_sync_fraction=0.5)
     assert t(2, g=a100_like) == pytest.approx(2 * (2e-6 + 2e-6), rel=1e-12)
+
+
+def test_l2_hit_latency_hides_under_prefetching_kernels_and_not_under_a_dependent_loop(h100):
+    """l2_hit_latency adds the measured 148.8 ns (h100-latency.json) to every L2 hit. A kernel that
+    loads ahead, as its source does, pays it at a block's start and end only: FA3's forward (K's
+    ring slot released once the QK GEMM has read it: pipeline_k, so K_{j+2} loads while P_j V_j
+    runs) and FA2's backward (the next step's Q and dO loaded during this one: its double-buffered
+    sQ). 32 K/V steps a block each here; a latency a step would be 32 x 148.8 ns = 4.8 us a block.
+    The split-KV combine kernel's dependent loop pays it a split (test_splitkv.py)."""
+    from hbmsim.algorithms import registry
+    from hbmsim.algorithms.workload import Workload
+    from hbmsim.simulator import TimeModel, simulate
+    lat_s = h100.l2_hit_latency_s
+    wl = Workload(1, 4, 2048, 2048, 128)
+    for name, passes, kernel in (("flash3", False, "flash3_fwd"), ("flash2", True, "flash2_bwd")):
+        spec = registry.get(name)
+        m, _ = spec.resolved(h100, wl, spec.mapping_type(), passes)
+        times = []
+        for model in (TimeModel(), TimeModel().off("l2_hit_latency")):
+            result = simulate(h100, spec.build(wl, m, None, passes), model=model)
+            k = next(k for k in result.kernels if k.name == kernel)
+            times.append(k.end_s - k.start_s)
+        assert 0 < times[0] - times[1] <= 2 * lat_s + 1e-12, (name, times)
