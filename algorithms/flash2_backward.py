@@ -162,27 +162,25 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         # atomics) as lines of block_q rows (L2Lines), the lines the forward and dot_do_o made, as
         # every K/V block sees them whatever its first step (one line a step made the backward's
         # DRAM bytes 1.2-2.1x); without one every block's steps are alike, one line a step.
-        def step_tiles(i):
-            """(query tiles, rows, the step's Q, dO, lse and D tiles) of the step at query tile i."""
+        def step(i):
+            """(query tiles, rows, their L2 lines, the Q, dO, lse and D tiles) of the step at query tile i."""
             tiles = min(tr, (i // q_step + 1) * q_step) - i      # query tiles in this step
             rows = slice(q_rows(i).start, q_rows(i + tiles - 1).stop)
             by_tile = (lines,) if wl.causal and tiles > 1 else ()
-            return tiles, rows, [(T[g], rows, c, *by_tile) for T, c in ((Q, all_cols), (dO, all_cols), (LSE, one),
-                                                                         (D, one))]
+            loads = [(T[g], rows, c, *by_tile) for T, c in ((Q, all_cols), (dO, all_cols), (LSE, one), (D, one))]
+            return tiles, rows, by_tile, loads
 
         # The kernel loads the next step's Q (double-buffered sQ) and dO while this step's last GEMMs
         # run (flash_bwd_kernel.h: "Double buffer for sQ", then dO once the dV GEMM is done with sdO):
         # each step's tiles are prefetched during the step before, their latency under its compute.
-        starts = [i_first, *range((i_first // q_step + 1) * q_step, tr, q_step)]
-        ahead = ctx.prefetch(*step_tiles(starts[0])[2])
-        for at, i in enumerate(starts):
-            tiles, rows, _ = step_tiles(i)
+        plan = [step(i) for i in (i_first, *range((i_first // q_step + 1) * q_step, tr, q_step))]
+        ahead = ctx.prefetch(*plan[0][3])
+        for at, (tiles, rows, by_tile, _) in enumerate(plan):
             r0, r1 = rows.start, rows.stop
             n = r1 - r0
-            by_tile = (lines,) if wl.causal and tiles > 1 else ()
             q, d_o, lse, big_d = yield from ctx.wait(ahead)
-            if at + 1 < len(starts):
-                ahead = ctx.prefetch(*step_tiles(starts[at + 1])[2])
+            if at + 1 < len(plan):
+                ahead = ctx.prefetch(*plan[at + 1][3])
             # five n x nc x d products at 2 FLOPs per multiply-add: S = Q K^T, dV += P^T dO, dP = dO V^T,
             # dQ += dS K, dK += dS^T Q; recomputing P takes an exp per score; SRAM: every warp's
             # operand slices (bwd_sram_read_elements). Several query tiles in one step: everything

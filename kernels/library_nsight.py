@@ -61,9 +61,9 @@ def ncu_decode(batch: int, kv_len: int) -> int:
     (kernels/library_decode.py: GQA 32/8 heads, head dim 128, one query row, KV length `kv_len`),
     after two warm-up calls and, as the timed grid does, a zeroed buffer of 4x the L2 (the cache
     cold): its split-KV and combine kernels between cudaProfilerStart and Stop."""
+    import torch
     from .library_decode import SDPA, TorchDecode
     td = TorchDecode(flush_l2=True)
-    import torch
     with torch.no_grad():
         fn = td._call(SDPA, batch, kv_len, None)
         fn(), fn()

@@ -134,20 +134,20 @@ def chase_cycle(n_lines: int, seed: int = 0) -> np.ndarray:
     return buf
 
 
-def measure_latency(warmup: int = 1, repeats: int = 5) -> dict:
-    """pointer_chase over each of CHASE_BUFFERS: seconds and cycles a load (medians of the repeats)."""
-    cp, mod = _module()
+def measure_latency(warmup: int = 1, repeats: int = 5, module=None) -> dict:
+    """pointer_chase over each of CHASE_BUFFERS: seconds and cycles a load (medians of the repeats);
+    `module`: measure's (cp, compiled microbench.cu), else compiled here."""
+    cp, mod = module or _module()
     fn = mod.get_function("pointer_chase")
     out, cycles, res = cp.zeros(1, dtype=cp.uint32), cp.zeros(1, dtype=cp.int64), {}
     for name, nbytes in CHASE_BUFFERS.items():
         out[0] = 0                       # each walk goes on from the last one's line (pointer_chase)
         buf = cp.asarray(chase_cycle(nbytes // CHASE_LINE_BYTES))
         steps = min(CHASE_STEPS, nbytes // CHASE_LINE_BYTES) if name == "l2_hit" else CHASE_STEPS
-        launch = lambda: fn((1,), (1,), (buf, out, cycles, np.int32(steps)))
         per_load_cycles = []
 
         def run():
-            launch()
+            fn((1,), (1,), (buf, out, cycles, np.int32(steps)))
             cp.cuda.Device().synchronize()
             per_load_cycles.append(int(cycles.get()[0]) / steps)
         times = _timed(cp, run, warmup, repeats)
@@ -217,7 +217,7 @@ def measure(warmup: int = 3, repeats: int = 10) -> dict:
     times = _timed(cp, lambda: triad(b, c, s, a), warmup, repeats)
     t_s = statistics.median(times)
     res["dram_triad"] = {"bytes": 3 * 4 * n, "time_s": t_s, "times_s": times, "bytes_per_s": 3 * 4 * n / t_s}
-    res.update(measure_latency())
+    res.update(measure_latency(module=(cp, mod)))
     return res
 
 
@@ -244,26 +244,23 @@ def main(argv=None) -> int:
     prov["timing"] = {"method": "CUDA events around each launch; clock64 cycles per block; the host entries: "
                                 "time.perf_counter and CUDA events, each entry's method", "warmup": 3,
                       "repeats": a.repeats, "statistic": "median"}
-    if a.latency:
-        results = measure_latency()
+    if a.latency:            # the latencies only: no host entries, no host_spec
         doc = {"source": "measured", "what": "load-to-use latency microbenchmark (kernels/microbench.cu: "
                                              "pointer_chase; kernels/microbench.py: measure_latency)",
-               "provenance": prov, "results": results}
-        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
-        for k, v in results.items():
-            print(k, {x: y for x, y in v.items() if not isinstance(y, (list, dict)) and x != "method"}, file=sys.stderr)
-        return 0
-    results = {} if a.host else measure(repeats=a.repeats)
-    host = host_microbench.measure(repeats=a.repeats)
-    results.update(host)
-    doc = {"source": "measured", "what": "microbenchmarks (kernels/microbench.cu, kernels/microbench.py; the host: "
-                                         "kernels/host_microbench.cu, kernels/host_microbench.py)",
-           "provenance": prov, "results": results, "host_spec": host_microbench.host_fields(host),
-           "host_spec_derivation": host_microbench.DERIVATION}
+               "provenance": prov, "results": measure_latency()}
+    else:
+        results = {} if a.host else measure(repeats=a.repeats)
+        host = host_microbench.measure(repeats=a.repeats)
+        results.update(host)
+        doc = {"source": "measured", "what": "microbenchmarks (kernels/microbench.cu, kernels/microbench.py; the "
+                                             "host: kernels/host_microbench.cu, kernels/host_microbench.py)",
+               "provenance": prov, "results": results, "host_spec": host_microbench.host_fields(host),
+               "host_spec_derivation": host_microbench.DERIVATION}
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     for k, v in doc["results"].items():
         print(k, {x: y for x, y in v.items() if not isinstance(y, (list, dict)) and x != "method"}, file=sys.stderr)
-    print("host_spec", doc["host_spec"], file=sys.stderr)
+    if "host_spec" in doc:
+        print("host_spec", doc["host_spec"], file=sys.stderr)
     return 0
 
 

@@ -44,11 +44,11 @@ class Step:
     ship: tuple = ()        # (file in the folder, where it goes in the repository)
 
 
-def _ncu_run(csv: str, *library_args: str) -> tuple:
-    """`python -m hbmsim.kernels.library library_args` under Nsight Compute's full set, its raw page
-    into {out}/CSV (kernels/library_nsight.py: ncu_one)."""
-    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--profile-from-start", "off", "--log-file",
-            f"{{out}}/{csv}", PY, "-m", "hbmsim.kernels.library", *library_args)
+def _ncu_run(csv: str, *library_args: str, ncu_options: tuple = ()) -> tuple:
+    """`python -m hbmsim.kernels.library library_args` under Nsight Compute's full set (and
+    `ncu_options`), its raw page into {out}/CSV (kernels/library_nsight.py: ncu_one, ncu_decode)."""
+    return ("ncu", "--csv", "--page", "raw", "--set", "full", *ncu_options, "--profile-from-start", "off",
+            "--log-file", f"{{out}}/{csv}", PY, "-m", "hbmsim.kernels.library", *library_args)
 
 
 def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096) -> tuple:
@@ -69,9 +69,8 @@ def _ncu_decode(batch: int, kv_len: int) -> tuple:
     """One decode call (library --ncu-decode) under Nsight Compute into {out}/ncu-decode-bB-N.csv, the
     L2 left as the kernels leave it (--cache-control none: the combine kernel reads the partial outputs
     the split kernel has just written, as it does outside ncu)."""
-    return ("ncu", "--csv", "--page", "raw", "--set", "full", "--cache-control", "none", "--profile-from-start",
-            "off", "--log-file", f"{{out}}/ncu-decode-b{batch}-{kv_len}.csv", PY, "-m", "hbmsim.kernels.library",
-            "--ncu-decode", str(batch), str(kv_len))
+    return _ncu_run(f"ncu-decode-b{batch}-{kv_len}.csv", "--ncu-decode", str(batch), str(kv_len),
+                    ncu_options=("--cache-control", "none"))
 
 
 DECODE_NCU = ((1, 1024), (1, 16384), (8, 16384))
