@@ -66,9 +66,10 @@ class GPU:
     # load_latency_l2_hit), added after an L2 hit's bytes are served (time_model.py: l2_hit_latency);
     # 0 = not given
     l2_hit_latency_s: float = 0.0
-    # seconds between the block scheduler's hand-outs of a launch's first blocks to consecutive SMs
-    # (time_model.py: block_dispatch); 0 = every SM starts at once. `hbmsim microbench --host` records
-    # it (block_dispatch's per_block_s): on the H100 and H200 only bounded (<= 1.8 ns an SM), so 0
+    # seconds between the block scheduler's hand-outs of a launch's first blocks, round robin over
+    # the SMs (time_model.py: block_dispatch); 0 = the first wave starts at once. `hbmsim microbench --host` records
+    # it (block_dispatch's per_block_s): 0.9 ns on the H100 and H200, the reading of a timer whose tick
+    # is coarser than the spread (an upper bound: at most 1.8 ns); not measured on the A100s: 0
     block_dispatch_s: float = 0.0
     # bytes of the L2's bandwidth (l2_bytes_per_s, a coalesced-load figure) that one lone 32-byte
     # sector request takes: a tile read one element a request (tensor.GATHER; time_model.py:

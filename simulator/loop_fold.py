@@ -18,9 +18,10 @@ skipped iterations count S x the last one's L2-side bytes, FLOPs, exps and SRAM 
 they are alike) and S x the window's mean DRAM bytes (extrapolated); the kernel's time gets,
 from the block that would have ended last, the time its skipped iterations took at its period.
 
-Only a launch of a single wave folds this way (every block resident from the start: no block
-waits for a slot), with no block-dispatch stagger; a loop whose iterations are not alike (a
-causal mask's shrinking ones) never looks steady, and is simulated whole.
+Only a launch of a single wave folds this way (every block resident from its slot's start: no
+block waits for a slot; the block scheduler's stagger, 0.9 ns a block, offsets the blocks'
+phases, which each block's own marks and period absorb); a loop whose iterations are not alike (a causal
+mask's shrinking ones) never looks steady, and is simulated whole.
 """
 from __future__ import annotations
 

@@ -204,12 +204,16 @@ class Machine:
         if unit:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2, self.hbm)
         resident = [0] * self.gpu.sm_count
-        stagger_s = self.gpu.block_dispatch_s if self.model.block_dispatch else 0.0    # SM i starts i x this late
-        if self.fold and state.fold is None and launch.grid <= n_workers and stagger_s == 0.0:
-            state.loops = LaunchLoops(k, self._busy)     # one wave, every block from the start: loop_fold.py
+        # block_dispatch: the first wave's blocks start one after another, round robin over the SMs (slot
+        # k of SM i is worker k x SMs + i, and starts that many staggers late)
+        stagger_s = self.gpu.block_dispatch_s if self.model.block_dispatch else 0.0
+        if self.fold and state.fold is None and launch.grid <= n_workers:
+            # one wave, every block resident from its slot's start (a stagger offsets the loops'
+            # phases): loop_fold.py
+            state.loops = LaunchLoops(k, self._busy)
         for w in range(n_workers):
             sm = w % self.gpu.sm_count
-            env.process(self._worker(launch, sm, k, state, resident, sm * stagger_s))
+            env.process(self._worker(launch, sm, k, state, resident, w * stagger_s))
         if n_workers:
             yield state.done
         if state.stores:                     # stores still in flight to HBM

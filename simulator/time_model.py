@@ -111,19 +111,18 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   128 (N >= 1536; predicted 1.70, one pipe 2.00) and 1.52-1.64x at 64 (predicted 1.47).
   Off, or on a GPU whose preset does not say so (A100: not measured): one pipe, the blocks' calls
   one after the other.
-- block_dispatch: a launch's SMs get their first blocks one after another, `block_dispatch_s`
-  apart (SM i starts i x that after the launch), as a GPU's block scheduler hands them out.
-  Without it a launch of alike blocks starts every SM at the same instant and can run in exact
-  lock-step (every SM loading at once, then computing at once) until rounding breaks the
-  symmetry at a point no physics sets; a stagger of 1 ps to 1 ns a step moved FA2's H100 kernel
-  families by up to 4 points and a dQ dK dV worst case from 46% to 26-34% (docs/validation.md,
-  "Lock-step waves"). No published figure gives it; measured on an H200 (`hbmsim microbench
-  --host`, h200-host.json): a wave's 264 blocks start within one 0.24 us tick of the global
-  timer, so at most 1.8 ns from one SM to the next: bounded, not resolved; the presets give 0
-  (a stagger also keeps fast mode from folding a one-wave launch's loops: loop_fold.py). With
-  DRAM's measured 350 ns latency, lock-step puts decode's batch-8 split kernel 13-24% slow at
-  N >= 32k (every SM's loads in phase); 1 ns an SM brings it to +1..+5%.
-  Off, or at 0: every SM starts at once.
+- block_dispatch: a launch's first blocks start one after another, `block_dispatch_s` apart, as a
+  GPU's block scheduler hands them out, round robin over the SMs (slot k of SM i is the (k x SMs +
+  i)-th, and starts that many staggers after the launch). Without it a launch of alike blocks
+  starts every SM at the same instant and can run in exact lock-step (every SM loading at once,
+  then computing at once) until rounding breaks the symmetry at a point no physics sets; with
+  DRAM's measured 350 ns latency, lock-step put decode's batch-8 split kernel 13-24% slow at
+  N >= 32k (every SM's loads in phase). Measured on an H100 and an H200 (`hbmsim microbench
+  --host`, h100-host.json, h200-host.json: per_block_s): a wave's 264 blocks start within one
+  0.24 us tick of the global timer, 0.9 ns a block, the timer's reading and an upper bound (the
+  tick is coarser than the spread); the presets give that (docs/validation.md, "The block
+  scheduler's stagger"). Not measured on the A100s: 0. Off, or at 0: every block of the first
+  wave starts at once.
 - l2_hit_latency: a load served by the L2 waits the preset's `l2_hit_latency_s` after its bytes
   are served, as one served by DRAM waits `hbm_latency_s`. Measured (`hbmsim microbench`,
   pointer_chase: one thread, each load's address the last one's value): 149 ns (290.6 cycles) on

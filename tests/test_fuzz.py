@@ -144,13 +144,14 @@ def check_run(cfg: Config, results: list, obs: Observed, count_only: bool) -> No
     # (d) bounded events. The HBM pool wakes at most twice per request (+ one). Every SimPy event
     # is one of: a wait for a tile's L2 part or a compute step (at most one per traced tile or
     # compute call); per HBM request its completion and at most one wake-up armed by the request
-    # and one by each wake; a block slot's process start and end (at most one slot per block);
+    # and one by each wake; a block slot's process start, its wait for the block scheduler
+    # (block_dispatch's stagger) and end (at most one slot per block);
     # a kernel's done / drained events and drain wait; the main process.
     hbm = obs.machine.hbm
     assert hbm.wakes <= 2 * hbm.requests + 1, (hbm.wakes, hbm.requests)
     blocks = sum(k["grid"] for k in whole["kernels"])
     kernels = len(whole["kernels"])
-    bound = obs.calls + 2 * hbm.requests + hbm.wakes + 2 * blocks + 3 * kernels + 4
+    bound = obs.calls + 2 * hbm.requests + hbm.wakes + 3 * blocks + 3 * kernels + 4
     assert whole["sim_events"] <= bound, (whole["sim_events"], obs.calls, hbm.requests, hbm.wakes, blocks, kernels)
 
 

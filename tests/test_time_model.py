@@ -248,6 +248,24 @@ def test_a_compute_chain_is_its_phases_back_to_back_in_one_event():
     assert a.sim_events < b.sim_events
 
 
+def test_block_dispatch_hands_the_first_wave_out_round_robin():
+    # 8 blocks on 4 SMs of 2 slots (one wave), handed out 100 ns apart round robin over the SMs, as
+    # the measured dispatcher does (264 blocks, 2 an SM, within one 0.24 us timer tick): block b runs
+    # on SM b % 4 from b x 100 ns, so an SM's second slot starts 400 ns after its first (not with it).
+    starts, sms = {}, {}
+
+    def trace(t, sm, kernel, block, text):
+        starts.setdefault(block, t)
+        sms.setdefault(block, sm)
+
+    def block(ctx, b):
+        yield from ctx.compute(matmul_flops=3_000_000)
+    simulate(tiny_gpu(max_blocks_per_sm=2, block_dispatch_s=1e-7), Program("wave", [Launch("k", 8, 0, block)]),
+             trace=trace)
+    assert sms == {b: b % 4 for b in range(8)}
+    assert starts == pytest.approx({b: b * 1e-7 for b in range(8)}, rel=1e-12)
+
+
 def test_block_dispatch_staggers_the_first_wave_by_sm():
     # 8 blocks of 3e6 tensor FLOPs (3 us at 1e12 FLOP/s per SM) on 4 SMs, 1 slot each. Handed out
     # 100 ns apart, SM i starts at i x 100 ns: the first wave ends at 3.0, 3.1, 3.2, 3.3 us, each SM

@@ -154,7 +154,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
         assert abl["without mma_sync_pipes"] == p["predicted_time_s"]       # measured on Hopper, not A100
         assert abl["without instruction_issue"] == p["predicted_time_s"]    # for PyTorch's counted kernels
         assert abl["without l2_sectors"] == p["predicted_time_s"]           # for PyTorch's transposing copies
-        assert abl["without block_dispatch"] == p["predicted_time_s"]       # measured 0 (h200-host.json)
+        assert abl["without block_dispatch"] == p["predicted_time_s"]       # not measured on an A100: 0
         assert abl["without l2_hit_latency"] == p["predicted_time_s"]       # not measured on an A100: 0
         assert abl["without sdpa_call"] == p["predicted_time_s"]            # the paper's harness calls FA2 itself
         assert abl["without achievable_tensor"] < p["predicted_time_s"]
@@ -443,5 +443,5 @@ def test_two_resident_fa2_forward_blocks_take_1_7x_one_as_measured(tmp_path, cap
         if n >= 1536:
             assert 1.66 < measured < 1.72 and predicted == pytest.approx(1.70, abs=0.01)
     for n, (predicted, _) in _one_wave_ratios(tmp_path / "off.json", capsys, "--without", "mma_sync_pipes").items():
-        if n >= 1536:
-            assert predicted == pytest.approx(2.0, abs=0.02)
+        if n >= 1536:      # (the two blocks' first loads wait their latency together: 1.98x at N = 1536)
+            assert 1.97 < predicted <= 2.0
