@@ -156,6 +156,15 @@ STEPS = (
          "parallel load of the partial outputs predicts under 1 us: its loop over the splits (8, 32 and 4 "
          "here), L2 hits, long-scoreboard stalls a split",
          (("{gpu}-ncu-decode.json", "scenarios/measured/{gpu}-ncu-decode.json"),)),
+    Step("ncu-short", 240, (
+        _ncu("fa2", 64, seq_len=128), _ncu("fa2", 64, seq_len=256), _ncu("fa2", 128, seq_len=128),
+        _summarise(("ncu-fa2-64-128-forward.csv", "ncu-fa2-64-256-forward.csv", "ncu-fa2-128-128-forward.csv"),
+                   "{out}/{gpu}-ncu-short.json")),
+         "issue 23: FA2's forward at one and two K/V steps a block (N = 128, 256: the paper grid's 16k "
+         "tokens, 4,096 blocks) under Nsight Compute: a block's fixed instructions and the stall cycles each "
+         "costs, which the long runs (about 530 fixed + 1,676 a step a warp at head dim 64) cannot separate; "
+         "these runs are predicted 20-31% fast at kernel level since lock-step is gone, as short decodes are",
+         (("{gpu}-ncu-short.json", "scenarios/measured/{gpu}-ncu-short.json"),)),
     Step("latency", 120, ((PY, "-m", "hbmsim.kernels.microbench", "--latency", "--out", "{out}/{gpu}-latency.json"),),
          "issue 23: an L2 hit's and a DRAM access's load-to-use latency on this GPU (pointer_chase): what each of "
          "the split-KV combine kernel's dependent split loads waits (Nsight: ~0.21 us a split at base and boost "
