@@ -90,7 +90,8 @@ class GPU:
             if f.name in INT_FIELDS and value != int(value):
                 raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be a whole number")
             if value < 0 or (value == 0 and f.name not in ZERO_OK_FIELDS):
-                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be > 0")
+                limit = ">= 0 (0: not given)" if f.name in ZERO_OK_FIELDS else "> 0"
+                raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be {limit}")
             if 0 < value < sys.float_info.min:
                 raise HbmsimError(f"{where}: field '{f.name}' = {value!r} must be 0 or at least {sys.float_info.min!r} "
                                   "(smaller floats lose precision in every rate computed from them)")

@@ -137,7 +137,7 @@ def test_bad_names_and_numbers_are_refused():
         ALL.off("sfu")
     with pytest.raises(HbmsimError, match="'hbm_stream_fraction' = 1.2 must be at most 1"):
         tiny_gpu(hbm_stream_fraction=1.2)
-    with pytest.raises(HbmsimError, match="'mma_sync_fraction' = -0.5 must be > 0"):
+    with pytest.raises(HbmsimError, match=r"'mma_sync_fraction' = -0.5 must be >= 0 \(0: not given\)"):
         tiny_gpu(mma_sync_fraction=-0.5)
     with pytest.raises(HbmsimError, match="tensor_op = 'wmma' must be one of"):
         simulate(tiny_gpu(), one_block("wmma", matmul_flops=1))
@@ -279,7 +279,7 @@ def test_block_dispatch_staggers_the_first_wave_by_sm():
     assert simulate(staggered, program()).time_s == pytest.approx(6.3e-6, rel=1e-12)
     assert simulate(staggered, program(), model=ALL.off("block_dispatch")).time_s == pytest.approx(6e-6, rel=1e-12)
     assert simulate(tiny_gpu(max_blocks_per_sm=1), program()).time_s == pytest.approx(6e-6, rel=1e-12)
-    with pytest.raises(HbmsimError, match=r"field 'block_dispatch_s' = -1e-09 must be > 0"):
+    with pytest.raises(HbmsimError, match=r"field 'block_dispatch_s' = -1e-09 must be >= 0 \(0: not given\)"):
         tiny_gpu(block_dispatch_s=-1e-9)
 
 
