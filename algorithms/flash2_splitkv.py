@@ -301,10 +301,9 @@ def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric:
         # O = sum_s scale_s O_s, split after split: the kernel loads each split's partial outputs into one
         # register tile and adds them in before it loads the next (a runtime trip count, not unrolled:
         # combine_attn_seqk_parallel), so each split's load waits its latency (time_model: l2_hit_latency)
-        parts = [None] * (num_splits * len(pieces))
+        parts = []                   # split by split, each split's pieces in order
         for s in range(num_splits):
-            got = yield from ctx.load_tiles(*[(O_acc[s * G + g], r, slice(0, d)) for g, r in pieces])
-            parts[s * len(pieces):(s + 1) * len(pieces)] = got
+            parts += yield from ctx.load_tiles(*[(O_acc[s * G + g], r, slice(0, d)) for g, r in pieces])
             # a multiply-add per output element: 2 FLOPs
             yield from ctx.compute(vector_flops=2 * rows_n * d)
         stores = []

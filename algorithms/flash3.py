@@ -124,16 +124,15 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         # every warpgroup is done with slot j's K_j (its S GEMM done) / V_j (its P V done): the kernel's
         # two pipelines (pipeline_k, pipeline_v: K's slot is released as soon as the QK GEMM has read
         # it, mainloop_fwd_sm90_tma_gmma_ws.hpp), so K_{j+stages} loads while P_j V_j still runs
-        k_released = [ctx.event() for _ in steps]
-        v_released = [ctx.event() for _ in steps]
-        done_with = {"k": [0] * len(steps), "v": [0] * len(steps)}
+        released = {p: [ctx.event() for _ in steps] for p in "kv"}
+        done_with = {p: [0] * len(steps) for p in "kv"}
         turn = [ctx.event() for _ in wgs]           # ping-pong: whose GEMMs go next
         q_load = ctx.prefetch((Q[g], rows, all_cols))
 
-        def release(which, s_i):
-            done_with[which][s_i] += 1
-            if done_with[which][s_i] == n_wg:
-                (k_released if which == "k" else v_released)[s_i].succeed()
+        def release(p, s_i):
+            done_with[p][s_i] += 1
+            if done_with[p][s_i] == n_wg:
+                released[p][s_i].succeed()
 
         def transpose_v(s_i, nc):
             # FP8: the producer warpgroup reads V_j from shared memory and writes it back
@@ -145,11 +144,11 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         def producer():
             for s_i, (c0, c1, _tiles) in enumerate(steps):
                 if s_i >= stages:
-                    yield k_released[s_i - stages]    # the slot's previous K is no longer read
+                    yield released["k"][s_i - stages]    # the slot's previous K is no longer read
                 k_loads[s_i] = ctx.prefetch(*kv_tiles(K, c0, c1))
                 k_ready[s_i].succeed()
                 if s_i >= stages:
-                    yield v_released[s_i - stages]    # ... nor its previous V
+                    yield released["v"][s_i - stages]    # ... nor its previous V
                 v_loads[s_i] = ctx.prefetch(*kv_tiles(V, c0, c1))
                 if fp8:
                     ctx.fork(transpose_v(s_i, c1 - c0), "V transpose")
