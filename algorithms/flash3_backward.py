@@ -9,7 +9,8 @@ one thread block per (batch-head, K/V block), its warps in roles
   block into a ring of Stages_dO slots, reusing a slot once the consumers release it;
 - `warpgroups` consumer warpgroups split each (query block, K/V block) step's five GEMMs
   (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K: 10 n nc d FLOPs) between them,
-  with wgmma. Between the first two GEMMs and the last three, in the order of FA3's bwd_step
+  with wgmma, each GEMM's operand reads counted per wgmma instruction by the kernel's tiled MMA
+  (BwdTraits, bwd_gemm_operand_bytes). Between the first two GEMMs and the last three, in the order of FA3's bwd_step
   (hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp, commit 0105a8fd): P = exp2(S scale - lse) once S's
   wgmma is waited for (warpgroup_wait<1>); dS = P o (dP - D) once dP's is (warpgroup_wait<0>), a
   second pass over the tile on the FP32 lanes; dS (and P, where the dV GEMM reads P from shared
@@ -28,7 +29,7 @@ import math
 
 import numpy as np
 
-from hbmsim.simulator import Launch, Program
+from hbmsim.simulator import HbmsimError, Launch, Program
 from hbmsim.simulator.time_model import WGMMA
 
 from .backward_common import bwd_ds_flops, bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
@@ -46,12 +47,85 @@ def flash3_bwd_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages_do: 
         + 2 * 2 * block_q * 4
 
 
-def mma_dkv_is_rs(head_dim: int) -> bool:
-    """Whether FA3's backward feeds the dV and dK GEMMs P and dS from registers (Mma_dKV_is_RS =
-    AtomLayoutMSdP == 1 && AtomLayoutNdKV == NumMmaWarpGroups && SdP_swapAB && !dKV_swapAB):
-    true for the sm90 instantiations of head dims 64, 96 and 128, false for 192 and 256
-    (hopper/flash_bwd_launch_template.h, run_mha_bwd_hdim64 .. hdim256, Arch >= 90)."""
-    return head_dim <= 128
+@dataclasses.dataclass(frozen=True)
+class BwdTraits:
+    """The sm90 backward's kernel traits: run_mha_bwd_dispatch's template arguments (kBlockM,
+    kBlockN, Stages_dO, SdP_swapAB, dKV_swapAB, dQ_swapAB, NumMmaWarpGroups, AtomLayoutMSdP,
+    AtomLayoutNdKV, AtomLayoutMdQ, V_in_regs), hopper/flash_bwd_launch_template.h lines 311-390
+    (Arch >= 90, no softcap; commit 0251105a, as flash3_spec's)."""
+    block_q: int
+    block_kv: int
+    stages_do: int
+    sdp_swap_ab: bool       # S and dP computed transposed (K Q^T, V dO^T): M runs over the keys
+    dkv_swap_ab: bool       # dV, dK computed transposed (dO^T P, Q^T dS): M runs over the head dim
+    dq_swap_ab: bool        # dQ computed transposed (K^T dS^T): M runs over the head dim
+    warpgroups: int         # NumMmaWarpGroups
+    atom_m_sdp: int         # AtomLayoutMSdP: warpgroups along the query rows of S and dP
+    atom_n_dkv: int         # AtomLayoutNdKV: warpgroups along the keys of dV and dK
+    atom_m_dq: int          # AtomLayoutMdQ: warpgroups along the query rows of dQ
+    v_in_regs: bool         # Mma_dP_is_RS: dP's A operand (V) from registers
+
+    @property
+    def mma_dkv_is_rs(self) -> bool:
+        """P and dS feed the dV and dK GEMMs from registers (mainloop_bwd_sm90_tma_gmma_ws.hpp line 75)."""
+        return (self.atom_m_sdp == 1 and self.atom_n_dkv == self.warpgroups and self.sdp_swap_ab
+                and not self.dkv_swap_ab)
+
+    @property
+    def mma_dq_is_rs(self) -> bool:
+        """dS feeds the dQ GEMM from registers (line 76)."""
+        return (self.atom_m_sdp == self.warpgroups and self.atom_m_dq == self.warpgroups and not self.sdp_swap_ab
+                and not self.dq_swap_ab)
+
+
+# (largest head dim, causal or None for both) -> traits; the first row that covers a head dim applies
+FA3_BWD_TRAITS = (
+    (64, None, BwdTraits(128, 128, 2, True, False, False, 2, 1, 2, 2, False)),     # line 320
+    (96, None, BwdTraits(64, 128, 2, True, False, False, 2, 1, 2, 1, True)),       # line 337
+    (128, True, BwdTraits(64, 128, 2, True, False, False, 2, 1, 2, 1, False)),     # line 351
+    (128, False, BwdTraits(80, 128, 2, True, False, True, 2, 1, 2, 1, False)),     # line 353
+    (192, None, BwdTraits(64, 96, 1, False, True, False, 3, 1, 1, 1, False)),      # line 367
+    (256, None, BwdTraits(64, 80, 1, False, True, True, 2, 1, 1, 1, False)),       # line 380
+)
+
+
+def fa3_bwd_traits(head_dim: int, causal: bool) -> BwdTraits:
+    """The sm90 backward kernel's traits for a head dim (FA3 rounds it up to 64, 96, 128, 192, 256)."""
+    for max_d, mask, traits in FA3_BWD_TRAITS:
+        if head_dim <= max_d and mask in (None, causal):
+            return traits
+    raise HbmsimError(f"flash3: head_dim = {head_dim}: the sm90 backward goes up to 256")
+
+
+def wgmma_operand_bytes(m: float, n: float, k: float, atoms_n: int, a_from_smem: bool, itemsize: int) -> float:
+    """Shared-memory bytes one tiled wgmma GEMM (an m x n output, k deep) reads, its warpgroups
+    `atoms_n` along n (the rest along m). Each warpgroup issues wgmma.m64nNk16 over its part: an
+    instruction reads its B slice (N x 16) from shared memory, and its A slice (64 x 16) too unless
+    A sits in registers (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate":
+    wgmma's B operand is always a shared-memory descriptor, A a descriptor or registers). So B is
+    read once per 64 rows of m (m / 64 times), and A once per warpgroup column (atoms_n times)."""
+    return itemsize * ((atoms_n * m * k if a_from_smem else 0) + m * n * k / 64)
+
+
+def bwd_gemm_operand_bytes(t: BwdTraits, rows: float, cols: int, d: int, tiles: int, itemsize: int) -> tuple:
+    """(S and dP, dV and dK, dQ): the shared-memory operand bytes of one backward step's five GEMMs
+    over `tiles` query tiles of `rows` rows in all against `cols` keys, by the kernel's tiled MMAs
+    (mainloop_bwd_sm90_tma_gmma_ws.hpp lines 82-134: TileShapeAtom*, AtomLayout*). Computed per query
+    tile (rows / tiles) and taken `tiles` times."""
+    w, r = t.warpgroups, rows / tiles
+
+    def gemm(m, n, k, atoms_n, a_from_smem):
+        return tiles * wgmma_operand_bytes(m, n, k, atoms_n, a_from_smem, itemsize)
+
+    # S = Q K^T and dP = dO V^T (rows x cols, d deep), or transposed (cols x rows): A is Q / dO, or K / V
+    sdp = (r, cols, d, w // t.atom_m_sdp) if not t.sdp_swap_ab else (cols, r, d, t.atom_m_sdp)
+    s_dp = gemm(*sdp, True) + gemm(*sdp, not t.v_in_regs)
+    # dV = P^T dO and dK = dS^T Q (cols x d, rows deep), or transposed (d x cols): A is P^T / dS^T, or dO^T / Q^T
+    dkv = (cols, d, r, w // t.atom_n_dkv) if not t.dkv_swap_ab else (d, cols, r, t.atom_n_dkv)
+    dv_dk = 2 * gemm(*dkv, not t.mma_dkv_is_rs)
+    # dQ = dS K (rows x d, cols deep), or transposed (d x rows): A is dS, or K^T
+    dq = (r, d, cols, w // t.atom_m_dq) if not t.dq_swap_ab else (d, r, cols, t.atom_m_dq)
+    return s_dp, dv_dk, gemm(*dq, not t.mma_dq_is_rs)
 
 
 def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
@@ -78,12 +152,18 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_kv)
     scale, e = wl.softmax_scale, wl.itemsize
     numeric = data is not None
+    traits = fa3_bwd_traits(d, wl.causal)       # the kernel's GEMM layouts (its tiles may be overridden)
     # 16-bit tiles a step stores to shared memory for the GEMMs after it: dS (the dQ GEMM's operand),
     # and P where the dV GEMM does not take it from registers
-    kv_gemms_from_registers = mma_dkv_is_rs(d)
-    stored_tiles = 1 if kv_gemms_from_registers else 2
-    # the dQ GEMM's operand reads: dS; and where P and dS are not in registers, the dV and dK GEMMs' P and dS
-    read_tiles = 1 if kv_gemms_from_registers else 3
+    stored_tiles = 1 if traits.mma_dkv_is_rs else 2
+    known: dict = {}
+
+    def operand_bytes(n: int, nc: int, tiles: int) -> tuple:
+        """bwd_gemm_operand_bytes of a step's shape (a few shapes, many steps: remembered)."""
+        key = (n, nc, tiles)
+        if key not in known:
+            known[key] = bwd_gemm_operand_bytes(traits, n, nc, d, tiles, e)
+        return known[key]
     dq_staged = d < 256          # dQacc_use_TMA: dQ's fp32 tile goes through shared memory to the TMA reduce-add
     all_cols, one = slice(0, d), slice(0, 1)
 
@@ -121,10 +201,11 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 n = r1 - r0
                 yield ready[s_i]
                 q, d_o, lse, big_d = yield from ctx.wait(loads[s_i])
-                # this warpgroup's share of S = Q K^T and dP = dO V^T (4 n nc d FLOPs), operands
-                # from shared memory: Q_i, dO_i once, K_j, V_j once per query tile
+                # this warpgroup's share of S = Q K^T and dP = dO V^T (4 n nc d FLOPs), its operands
+                # read from shared memory by each wgmma (bwd_gemm_operand_bytes)
+                sdp_bytes, dkv_bytes, dq_bytes = operand_bytes(n, nc, tiles)
                 yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
-                                       sram_bytes=(2 * n + 2 * tiles * nc) * d * e // warpgroups)
+                                       sram_bytes=round(sdp_bytes / warpgroups))
                 # P = exp2(S scale - lse) (its share of the rows): the recomputation's vector work
                 # (bwd_vector_flops less dS's) and every exp
                 ds_ops = bwd_ds_flops(n, nc)
@@ -134,12 +215,12 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 # score each) through shared memory's 128 B/clk, before the next GEMM is issued
                 yield from ctx.compute(vector_flops=ds_ops // warpgroups,
                                        sram_bytes=stored_tiles * n * nc * e // warpgroups)
-                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): the stored tiles read from
-                # shared memory, dO, Q, K read again; dQ's fp32 tile (4 n d bytes) staged while dK's
-                # GEMM runs
+                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): their wgmma operand reads
+                # (P and dS from registers or from the stored tiles, dO, Q, K again); dQ's fp32 tile
+                # (4 n d bytes) staged while dK's GEMM runs
                 yield from ctx.compute(matmul_flops=6 * n * nc * d // warpgroups,
-                                       sram_bytes=((read_tiles * n * nc + 2 * n * d + tiles * nc * d) * e
-                                                   + (4 * n * d if dq_staged else 0)) // warpgroups)
+                                       sram_bytes=round((dkv_bytes + dq_bytes + (4 * n * d if dq_staged else 0))
+                                                        / warpgroups))
                 finished[s_i] += 1
                 if finished[s_i] < warpgroups:
                     continue

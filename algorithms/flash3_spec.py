@@ -23,7 +23,7 @@ from hbmsim.simulator import HbmsimError, Program
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, tiles_per_step
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
-from .flash3_backward import flash3_bwd_sram_bytes, flash3_training
+from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload
@@ -82,18 +82,10 @@ def fa3_pingpong(block_q: int, head_dim: int, fp8: bool, intra_wg_overlap: bool)
 
 def fa3_backward_tiles(head_dim: int, causal: bool) -> tuple[int, int, int, int]:
     """(kBlockM, kBlockN, Stages_dO, NumMmaWarpGroups) of the sm90 backward, no softcap, no local
-    window (flash_bwd_launch_template.h: hdim64 line 320, hdim96 line 337, hdim128 lines 351/353,
-    hdim192 line 367, hdim256 line 380)."""
-    d = head_dim
-    if d <= 64:
-        return 128, 128, 2, 2
-    if d <= 96:
-        return 64, 128, 2, 2
-    if d <= 128:
-        return (64, 128, 2, 2) if causal else (80, 128, 2, 2)
-    if d <= 192:
-        return 64, 96, 1, 3
-    return 64, 80, 1, 2
+    window (flash3_backward.FA3_BWD_TRAITS: flash_bwd_launch_template.h, hdim64 line 320, hdim96
+    line 337, hdim128 lines 351/353, hdim192 line 367, hdim256 line 380)."""
+    t = fa3_bwd_traits(head_dim, causal)
+    return t.block_q, t.block_kv, t.stages_do, t.warpgroups
 
 
 def _fp8(m: Flash3Blocks) -> bool:

@@ -88,6 +88,22 @@ def test_the_kernel_rules():
     assert (m.block_q, m.block_kv, m.block_q_bwd, m.block_kv_bwd, m.stages) == (128, 176, 80, 128, 2)
 
 
+def test_backward_gemm_layouts_are_the_sources():
+    """The backward's traits (flash_bwd_launch_template.h, Arch >= 90): P and dS reach the dV and dK
+    GEMMs from registers at head dims 64, 96 and 128 only (Mma_dKV_is_RS), dQ's GEMM never takes dS
+    from registers (Mma_dQ_is_RS needs AtomLayoutMSdP = NumMmaWarpGroups, never so on sm90), and a
+    wgmma GEMM's shared-memory reads by hand: a 128 x 80 x 128 GEMM of two warpgroups along m reads
+    B (80 x 128) twice and A (128 x 128) once; A in registers, B alone; along n, A twice."""
+    from hbmsim.algorithms.flash3_backward import fa3_bwd_traits, wgmma_operand_bytes
+    rs = {d: fa3_bwd_traits(d, False).mma_dkv_is_rs for d in (64, 96, 128, 192, 256)}
+    assert rs == {64: True, 96: True, 128: True, 192: False, 256: False}
+    assert not any(fa3_bwd_traits(d, c).mma_dq_is_rs for d in (64, 96, 128, 192, 256) for c in (False, True))
+    assert fa3_bwd_traits(96, False).v_in_regs and not fa3_bwd_traits(128, True).v_in_regs
+    assert wgmma_operand_bytes(128, 80, 128, 1, True, 2) == 2 * (128 * 128 + 2 * 80 * 128)
+    assert wgmma_operand_bytes(128, 80, 128, 1, False, 2) == 2 * 2 * 80 * 128
+    assert wgmma_operand_bytes(64, 80, 256, 2, True, 2) == 2 * (2 * 64 * 256 + 80 * 256)
+
+
 @pytest.mark.parametrize("preset", ["a100-sxm4-40gb", "a100-sxm4-80gb"])
 def test_refused_without_wgmma_in_one_line(preset):
     wl = Workload(1, 1, 128, 128, 64)
@@ -292,13 +308,25 @@ def test_the_serial_bound_script_by_hand(capsys):
     assert "no flash3 forward run" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("d, n_q, n_kv, stored, read, dq_staged", [(64, 128, 128, 1, 1, True),
-                                                                   (256, 64, 80, 2, 3, False)])
-def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, read, dq_staged):
+# the operand bytes each wgmma of the step reads from shared memory (bwd_gemm_operand_bytes), by hand:
+# head dim 64 (128 x 128 tiles; S and dP transposed, warpgroups along the keys; P and dS in registers for
+# dV and dK; dQ = dS K with its two warpgroups along the head dim): S^T = K Q^T reads K once (128 x 64)
+# and Q once per 64 keys (2 x 128 x 64): 24,576 elements, and dP^T as much: 98,304 bytes; dV and dK read
+# dO and Q once per 64 keys: 2 x 2 x 128 x 64 x 2 = 65,536 bytes; dQ reads dS (128 x 128) and K once per
+# 64 rows (2 x 64 x 128): 65,536 bytes. Head dim 256 (64 x 80 tiles, nothing transposed but dK, dV and
+# dQ, nothing in registers): S reads Q once per warpgroup column (2 x 64 x 256) and K once (80 x 256):
+# 53,248 elements, dP as much: 212,992 bytes; dV^T and dK^T read dO^T, Q^T (256 x 64) and P, dS 4 times
+# (4 x 80 x 64): 2 x 36,864 elements = 147,456 bytes; dQ^T reads K^T (256 x 80) and dS^T 4 times
+# (4 x 64 x 80): 81,920 bytes.
+@pytest.mark.parametrize("d, n_q, n_kv, stored, sdp_bytes, rest_bytes, dq_staged",
+                         [(64, 128, 128, 1, 98_304, 65_536 + 65_536, True),
+                          (256, 64, 80, 2, 212_992, 147_456 + 81_920, False)])
+def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_bytes, rest_bytes, dq_staged):
     """One block, one step of the main backward kernel: each consumer warpgroup's GEMMs, then P's exps,
     then dS = P o (dP - D) on the FP32 lanes with its stores to shared memory, then the last three
     GEMMs (FA3's bwd_step order). Head dim 64 feeds dV and dK from registers and stages dQ in shared
-    memory; 256 stores P and dS and adds dQ from registers. The SM's busy time is the calls' sum."""
+    memory; 256 stores P and dS and adds dQ from registers. The SM's busy time is the calls' sum, and
+    the shared-memory bytes are every wgmma's operand reads (by hand above) and the stored tiles."""
     from hbmsim.algorithms.backward_common import bwd_vector_flops
     from hbmsim.simulator.time_model import WGMMA, SmRates
     wl = Workload(1, 1, n_q, n_kv, d, dtype="fp16")
@@ -309,11 +337,10 @@ def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, read,
     n, nc, e, wgs = n_q, n_kv, 2, 2
     vec = bwd_vector_flops(wl, n, nc)
     calls = [  # (matmul flops, vector ops, exps, shared-memory bytes) of one warpgroup
-        (4 * n * nc * d // wgs, 0, 0, (2 * n + 2 * nc) * d * e // wgs),
+        (4 * n * nc * d // wgs, 0, 0, sdp_bytes // wgs),
         (0, (vec - 2 * n * nc) // wgs, n * nc // wgs, 0),
         (0, 2 * n * nc // wgs, 0, stored * n * nc * e // wgs),
-        (6 * n * nc * d // wgs, 0, 0,
-         ((read * n * nc + 2 * n * d + nc * d) * e + (4 * n * d if dq_staged else 0)) // wgs)]
+        (6 * n * nc * d // wgs, 0, 0, (rest_bytes + (4 * n * d if dq_staged else 0)) // wgs)]
     rates = SmRates(H100, TimeModel())
     by_hand_s = wgs * sum(sum(rates.compute_s(WGMMA, *c)) for c in calls)
     assert main.compute_busy_s == pytest.approx(by_hand_s, rel=1e-9)
