@@ -17,8 +17,8 @@ one thread block per (batch-head, K/V block), its warps in roles
   memory: Mma_dKV_is_RS false, head dims above 128) converted to 16 bits and stored to shared
   memory (st.shared) before the next GEMM is issued, behind a named barrier of every MMA thread.
   The step's dQ part is staged in shared memory (fp32, while the dK GEMM runs: head dims below
-  256, dQacc_use_TMA) and added to the accumulator with one atomic add of the tile (FA3: TMA
-  reduce-add) once every warpgroup has finished it.
+  256, dQacc_use_TMA; the TMA reads it back) and added to the accumulator with one atomic add of
+  the tile (FA3: TMA reduce-add) once every warpgroup has finished it.
 Numerics (data mode): the step's gradients are computed once, in float64, by the warpgroup that
 finishes the step last, as flash2's backward computes them.
 """
@@ -103,7 +103,9 @@ def wgmma_operand_bytes(m: float, n: float, k: float, atoms_n: int, a_from_smem:
     instruction reads its B slice (N x 16) from shared memory, and its A slice (64 x 16) too unless
     A sits in registers (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate":
     wgmma's B operand is always a shared-memory descriptor, A a descriptor or registers). So B is
-    read once per 64 rows of m (m / 64 times), and A once per warpgroup column (atoms_n times)."""
+    read once per 64 rows of m (m / 64 times), and A once per warpgroup column (atoms_n times).
+    FlashAttention's own config search counts them so (flash_attn/cute/sm90_config_search.py,
+    `_mma_traffic`, commit fb5c4fa8)."""
     return itemsize * ((atoms_n * m * k if a_from_smem else 0) + m * n * k / 64)
 
 
@@ -217,9 +219,9 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                                        sram_bytes=stored_tiles * n * nc * e // warpgroups)
                 # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): their wgmma operand reads
                 # (P and dS from registers or from the stored tiles, dO, Q, K again); dQ's fp32 tile
-                # (4 n d bytes) staged while dK's GEMM runs
+                # (4 n d bytes) staged while dK's GEMM runs, and read back by the TMA reduce-add
                 yield from ctx.compute(matmul_flops=6 * n * nc * d // warpgroups,
-                                       sram_bytes=round((dkv_bytes + dq_bytes + (4 * n * d if dq_staged else 0))
+                                       sram_bytes=round((dkv_bytes + dq_bytes + (2 * 4 * n * d if dq_staged else 0))
                                                         / warpgroups))
                 finished[s_i] += 1
                 if finished[s_i] < warpgroups:
