@@ -125,10 +125,19 @@ NCU_SUMMARY_METRICS = (
 #   head dim 64, h200-ncu-hopper.json, it equals sm__pipe_tensor_cycles_active, 50.53%, and the wgmma
 #   FLOPs, sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum = 2^39 = 4 B H N^2 d, at the 4096 a
 #   clock an SM peak are 49.3% of the elapsed cycles.) Beside the XU pipe's: whether a
-#   warp-specialised kernel's exps run under its GEMMs.
+#   warp-specialised kernel's exps run under its GEMMs;
+# - the instruction mix: instructions a pipe (ALU, FMA and its heavy and lite halves, FP16, XU, LSU,
+#   uniform...) and active cycles a pipe (sm__inst_executed_pipe_*, sm__pipe_*: --set full's
+#   ComputeWorkloadAnalysis), and thread instructions by kind (FFMA, FADD, FMUL, integer, conversion...:
+#   smsp__sass_thread_inst_executed_op_*, the roofline's and InstructionStats' counters). The
+#   backward of cuDNN's sm90 attention keeps its FMA pipe busy about twice what the program's counted
+#   FP32 work takes (h200-ncu-pipes.json); whether the rest is FP32 softmax work, integer address
+#   arithmetic (IMAD issues to the FMA pipe) or conversions is what these say.
 NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_",
                         "l1tex__t_requests_pipe_lsu_mem_global_op_", "l1tex__t_sectors_pipe_lsu_mem_global_op_",
-                        "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_")
+                        "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_",
+                        "sm__inst_executed_pipe_", "sm__pipe_", "smsp__sass_thread_inst_executed_op_",
+                        "smsp__sass_inst_executed_op_")
 
 
 def _ncu_rows(text: str) -> list:

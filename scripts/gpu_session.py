@@ -141,8 +141,9 @@ STEPS = (
          "issue 26: whether cuDNN's forward at head dim 128 also runs its exps and its GEMMs one after the other "
          "(tensor + XU pipes ~100% of the time, as the ncu-hopper step found at 64 and 256 on an H200), "
          "and its backward's "
-         "pipes (the flash3 backward is predicted 18% fast against it); issue 23: FA2's forward at head dim 256 "
-         "(predicted 31% slow at kernel level on H200)",
+         "pipes and instruction mix (the flash3 backward is predicted 27-28% fast against it, its FMA pipe twice "
+         "as busy as the counted FP32 work: FP32, integer address arithmetic or conversions?); issue 23: FA2's "
+         "forward at head dim 256 (predicted 18-20% slow at kernel level)",
          (("{gpu}-ncu-pipes.json", "scenarios/measured/{gpu}-ncu-pipes.json"),)),
     Step("decode", 240, ((PY, "-m", "hbmsim.kernels.library", "--decode", "--repeats", "10", "--out",
                           "{out}/{gpu}-decode-sdpa-gqa.json", "--out-kvcache", "{out}/{gpu}-decode-fa2-kvcache.json"),),

@@ -180,21 +180,26 @@ def test_ncu_summary_of_a_raw_page():
 
 
 def test_ncu_summary_keeps_stall_reasons_and_global_sectors():
-    """Warp stall reasons and the global loads' requests and sectors are kept by name prefix (their
-    exact names vary between ncu versions); other columns are not."""
+    """Warp stall reasons, the global loads' requests and sectors, and the instruction mix (a pipe's
+    instructions, FFMA and integer thread instructions) are kept by name prefix (their exact names
+    vary between ncu versions); other columns are not."""
     page = ('"ID","Kernel Name","smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",'
             '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",'
             '"l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum","l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",'
-            '"sm__inst_executed_pipe_uniform.sum"\n'
-            '"","","ratio","ratio","request","sector","inst"\n'
-            '"0","copy<2>","0.25","3.5","1,048,576","33,554,432","7"\n')
+            '"sm__inst_executed_pipe_fmaheavy.sum","smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",'
+            '"smsp__sass_thread_inst_executed_op_integer_pred_on.sum","launch__uses_cdp"\n'
+            '"","","ratio","ratio","request","sector","inst","inst","inst",""\n'
+            '"0","copy<2>","0.25","3.5","1,048,576","33,554,432","7","640","320","0"\n')
     (k,) = summarise_ncu_raw(page)
     assert k["smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio"] == 0.25
     assert k["smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"] == 3.5
     # an uncoalesced load: 32 sectors a request (a 2-byte element from each of 32 sectors)
     assert k["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / k["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"] == 32
     assert k["units"]["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] == "sector"
-    assert "sm__inst_executed_pipe_uniform.sum" not in k
+    assert k["sm__inst_executed_pipe_fmaheavy.sum"] == 7
+    assert k["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"] == 2 * k[
+        "smsp__sass_thread_inst_executed_op_integer_pred_on.sum"] == 640
+    assert "launch__uses_cdp" not in k
 
 
 def test_the_library_command_summarises_ncu_pages(tmp_path):
