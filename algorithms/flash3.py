@@ -67,21 +67,25 @@ def fa3_inputs(wl: Workload, data: AttentionData | None, fp8: bool) -> dict:
             "V": fa3_tensor("V", (gk, nk, d), None if data is None else data.v.reshape(gk, nk, d), True)}
 
 
-def flash3_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages: int, fp8: bool) -> int:
+def flash3_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages: int, fp8: bool, pv_is_rs: bool = True) -> int:
     # Q_i (block_q x d) once, K_j and V_j in `stages` ring slots each, and with FP8 the transposed
-    # V (its own ring, TensorStorageTransposeV); S/P, O, m, l live in the consumers' registers
+    # V (its own ring, TensorStorageTransposeV); S, O, m, l live in the consumers' registers, and P
+    # too unless the P V GEMM reads it from shared memory (MmaPV_is_RS false: smem_p, block_q x block_kv)
     e = FP8_BYTES if fp8 else wl.itemsize
     v_rings = 2 if fp8 else 1
-    return (block_q + stages * block_kv * (1 + v_rings)) * wl.head_dim * e
+    p_tile = 0 if pv_is_rs else block_q * block_kv * wl.itemsize
+    return (block_q + stages * block_kv * (1 + v_rings)) * wl.head_dim * e + p_tile
 
 
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
-                   tiles_per_step: int = 1, registers_per_thread: int = 0) -> Program:
+                   tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True) -> Program:
     """`stages`: the K/V ring's slots; `intra_wg_overlap` and `pingpong`: the kernel's
-    IntraWGOverlap and UseSchedulerBarrier; `fp8`: Q, K, V in e4m3. `tiles_per_step` > 1 (fast
-    mode): each simulated step loads and computes that many K/V tiles; counts are the sum of the
-    tiles' own. None of them changes a byte of traffic except `fp8` (1-byte Q, K, V)."""
+    IntraWGOverlap and UseSchedulerBarrier; `fp8`: Q, K, V in e4m3; `pv_is_rs`: MmaPV_is_RS (P
+    reaches the P V GEMM from registers; false: each warpgroup stores its P to shared memory after
+    its softmax, and the GEMM reads it there). `tiles_per_step` > 1 (fast mode): each simulated
+    step loads and computes that many K/V tiles; counts are the sum of the tiles' own. None of them
+    changes a byte of traffic except `fp8` (1-byte Q, K, V)."""
     if wl.dropout > 0 or wl.key_padding_mask:
         raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
                           "key_padding_mask = false")
@@ -166,10 +170,13 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         def kv_value(got):
             return None if got[0] is None else np.vstack(got)
 
+        p_bytes = wl.itemsize       # P, converted to the 16-bit dtype (FP8 keeps P in registers)
+
         def pv_work(n, nc, tiles):
-            # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, P from
-            # registers (MmaPV_is_RS); with several tiles a step, V's rows add up
-            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e)
+            # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, and P (its A
+            # operand, n x nc) from registers (MmaPV_is_RS) or from shared memory; with several
+            # tiles a step, V's and P's columns add up
+            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + (0 if pv_is_rs else n * nc * p_bytes))
 
         def hand_over(gemms, turn_next):
             for ev in gemms:
@@ -209,10 +216,11 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     ctx.fork(hand_over(s_ev + tuple(pv_ev), turn[(w + 1) % n_wg]))
                 yield from s_ev
                 release("k", s_i)
-                # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1})
+                # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1}); without
+                # MmaPV_is_RS its P (n x nc, 16-bit) is then stored to shared memory for the P V GEMM
                 yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)
                                        + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                                       exp_ops=n * nc + tiles * n)
+                                       exp_ops=n * nc + tiles * n, sram_bytes=0 if pv_is_rs else n * nc * p_bytes)
                 yield from pv_ev
                 if pending is not None:
                     release("v", pending[0])

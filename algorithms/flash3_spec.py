@@ -37,39 +37,44 @@ REGISTERS_PER_SM = 65_536    # with MinBlocksPerMultiprocessor = 1 the compiler 
 @dataclass(frozen=True)
 class Flash3Blocks:
     """flash3's mapping: the forward's block_q x block_kv, the backward's, the K/V ring's stages,
-    each a number or "auto" (the FA3 kernel's own choice). variant "fa3-kernel" (fp16/bf16 as
-    the workload says) or "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype)."""
+    each a number or "auto" (the FA3 kernel's own choice); pv_in_registers: whether the forward's
+    P V GEMM takes P from registers (MmaPV_is_RS) or from shared memory, true, false or "auto"
+    (the kernel's rule, fa3_forward_tiles). variant "fa3-kernel" (fp16/bf16 as the workload says)
+    or "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype)."""
     block_q: int | str = AUTO
     block_kv: int | str = AUTO
     block_q_bwd: int | str = AUTO
     block_kv_bwd: int | str = AUTO
     stages: int | str = AUTO
+    pv_in_registers: bool | str = AUTO
     variant: str = FA3_KERNEL
 
 
-def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool]:
-    """(kBlockM, kBlockN, IntraWGOverlap) of tile_size_fwd_sm90 for headdim = headdim_v, no local
-    window, TMA K/V (not paged), no softcap, V not column-major (hopper/tile_size.h)."""
+def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool, bool]:
+    """(kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap) of tile_size_fwd_sm90 for headdim = headdim_v,
+    no local window, TMA K/V (not paged), no softcap, V not column-major (hopper/tile_size.h).
+    MmaPV_is_RS false: P goes through shared memory to the P V GEMM (head dim 64 without a mask,
+    96)."""
     d = head_dim
     if not fp8:
         if d <= 64:
-            return 192, 128 if causal else 192, True       # lines 14-26
+            return 192, 128 if causal else 192, causal, True    # lines 14-26: use_blockN_128 = is_causal
         if d <= 96:
-            return 192, 144, True                         # line 30
+            return 192, 144, False, True                      # line 30
         if d <= 128:
-            return 128, 128 if causal else 176, True      # lines 31-33
+            return 128, 128 if causal else 176, True, True    # lines 31-33
         if d <= 192:
-            return 128, 112, True                         # line 37 (headdim_v = d > 128: 112)
-        return 128, 80, True                              # line 39
+            return 128, 112, True, True                       # line 37 (headdim_v = d > 128: 112)
+        return 128, 80, True, True                            # line 39
     if d <= 64:
-        return 192, 160, True                             # line 43
+        return 192, 160, True, True                           # line 43
     if d <= 96:
-        return 192, 128, True                             # line 45
+        return 192, 128, True, True                           # line 45
     if d <= 128:
-        return 128, 224, True                             # line 47
+        return 128, 224, True, True                           # line 47
     if d <= 192:
-        return 128, 160, True                             # line 49
-    return 128, 128, True                                 # line 51
+        return 128, 160, True, True                           # line 49
+    return 128, 128, True, True                               # line 51
 
 
 def fa3_pingpong(block_q: int, head_dim: int, fp8: bool, intra_wg_overlap: bool) -> bool:
@@ -102,9 +107,10 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     if _fp8(m) and training:
         raise HbmsimError("flash3: variant 'fp8' is forward only (FA3 has no FP8 backward): passes = [\"forward\"]")
     notes: list = []
-    bq, bkv, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
+    bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
-    out = {"stages": FA3_STAGES if m.stages == AUTO else m.stages}
+    out = {"stages": FA3_STAGES if m.stages == AUTO else m.stages,
+           "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers}
     for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
                                    ("block_q_bwd", bq_b, "seq_len_q"), ("block_kv_bwd", bkv_b, "seq_len_kv")):
         value, seq = getattr(m, key), getattr(wl, seq_field)
@@ -138,16 +144,18 @@ def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
 
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     fp8 = _fp8(m)
-    _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
+    _, _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
+    pv_is_rs = m.pv_in_registers
     pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
     fwd_step = _fwd_step(wl, m) if fast else 1
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
-                               overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q))
+                               overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q),
+                               pv_is_rs)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
-                          _registers(m.block_q))
+                          _registers(m.block_q), pv_is_rs)
 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
@@ -157,7 +165,7 @@ def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
 
 
 def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
-    fwd = flash3_sram_bytes(wl, m.block_q, m.block_kv, m.stages, _fp8(m))
+    fwd = flash3_sram_bytes(wl, m.block_q, m.block_kv, m.stages, _fp8(m), m.pv_in_registers)
     if not training:
         return fwd
     _, _, stages_do, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
@@ -179,12 +187,12 @@ def _describe(m: Flash3Blocks) -> str:
     text = f"{m.block_q}x{m.block_kv}"
     if (m.block_q_bwd, m.block_kv_bwd) != (m.block_q, m.block_kv):
         text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
-    return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "")
+    return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" P-smem" if m.pv_in_registers is False else "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"), bool_fields=("pv_in_registers",),
     variants=(FA3_KERNEL, FP8), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

@@ -49,7 +49,7 @@ def bound_s(run: dict) -> float:
     w = run["workload"]
     d, n, causal = w["head_dim"], w["seq_len"], w.get("causal", False)
     fp8 = run.get("variant") == "fp8"
-    block_q, block_kv, _ = fa3_forward_tiles(d, causal, fp8)
+    block_q, block_kv, _, _ = fa3_forward_tiles(d, causal, fp8)
     flops, exps, _ = visited(n, d, block_q, block_kv, causal)
     groups = w["batch"] * w["heads"]
     peak = gpu.fp8_matmul_flops_per_s if fp8 else gpu.matmul_flops_per_s

@@ -74,11 +74,11 @@ def test_training_counts_and_gradients():
 
 def test_the_kernel_rules():
     # hopper/tile_size.h tile_size_fwd_sm90 and flash_bwd_launch_template.h (sm90 branches)
-    assert fa3_forward_tiles(128, False, False) == (128, 176, True)
-    assert fa3_forward_tiles(128, True, False) == (128, 128, True)
-    assert fa3_forward_tiles(64, False, False) == (192, 192, True)
-    assert fa3_forward_tiles(256, False, False) == (128, 80, True)
-    assert fa3_forward_tiles(128, False, True) == (128, 224, True)
+    assert fa3_forward_tiles(128, False, False) == (128, 176, True, True)
+    assert fa3_forward_tiles(128, True, False) == (128, 128, True, True)
+    assert fa3_forward_tiles(64, False, False) == (192, 192, False, True)
+    assert fa3_forward_tiles(256, False, False) == (128, 80, True, True)
+    assert fa3_forward_tiles(128, False, True) == (128, 224, True, True)
     assert fa3_backward_tiles(128, False) == (80, 128, 2, 2)
     assert fa3_backward_tiles(128, True) == (64, 128, 2, 2)
     assert fa3_pingpong(128, 128, False, True) and not fa3_pingpong(128, 256, False, True)
@@ -153,6 +153,27 @@ def test_overlap_is_what_the_schedule_says():
     serial = [simulate(H100, flash3_forward(wl, 64, 128, None, 2, overlap, False)) for overlap in (True, False)]
     k_with, k_without = (r.kernels[0].end_s - r.kernels[0].start_s for r in serial)
     assert k_with >= k_without          # (issued ahead of the softmax, the next GEMM only reorders the one pipe)
+
+
+def test_p_goes_through_shared_memory_where_the_kernel_says():
+    """MmaPV_is_RS false (tile_size_fwd_sm90: head dim 64 without a mask, 96): each warpgroup stores
+    its P (n x nc, 16-bit) to shared memory after its softmax and the P V wgmma reads it there as its
+    A operand. One block of one warpgroup, one K/V step of 128 keys at head dim 64: 2 x 64 x 128 x 2
+    = 32,768 more bytes of shared-memory traffic, the P tile (16,384 bytes) in the block's footprint,
+    the same DRAM and L2 bytes and FLOPs, and no less time."""
+    from hbmsim.algorithms.flash3 import flash3_forward, flash3_sram_bytes
+    wl = Workload(1, 1, 64, 128, 64, dtype="fp16")
+    rs, smem = (simulate(H100, flash3_forward(wl, 64, 128, None, 2, True, False, pv_is_rs=p)) for p in (True, False))
+    assert smem.kernels[0].sram_read_bytes - rs.kernels[0].sram_read_bytes == 2 * 64 * 128 * 2
+    assert counted(smem, "forward") == counted(rs, "forward")
+    assert smem.kernels[0].matmul_flops == rs.kernels[0].matmul_flops
+    assert smem.kernels[0].time_s >= rs.kernels[0].time_s
+    assert flash3_sram_bytes(wl, 64, 128, 2, False, False) - flash3_sram_bytes(wl, 64, 128, 2, False) == 64 * 128 * 2
+    # the spec builds it so for head dim 64 unmasked only (causal: 128-key tiles, P in registers)
+    for causal, extra in ((False, 192 * 192 * 2), (True, 0)):
+        big = Workload(1, 1, 4096, 4096, 64, dtype="fp16", causal=causal)
+        m = resolved(big)
+        assert SPEC.sram_bytes(big, m, False) == flash3_sram_bytes(big, m.block_q, m.block_kv, 2, False) + extra
 
 
 def test_shipped_published_set_is_the_conversion_of_its_csv():
