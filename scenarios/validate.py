@@ -30,6 +30,7 @@ import re
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from hbmsim.kernels.implementations import IMPLEMENTATIONS
 from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
@@ -61,6 +62,7 @@ class Point:
     measured_kernel_s: float | None = None     # the same from the run's kernel rows (None: it has none)
     kernels: tuple = ()    # ((group, predicted device s, measured device s), ...): kernel_rows.compare_kernels
     repeats: tuple | None = None   # (min, median, max) of the run's timed repeats ("times_s"), where it keeps them
+    source: str = ""       # the measured file the run comes from (its name, without .json)
 
     @property
     def error(self) -> float:
@@ -297,7 +299,7 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None,
     predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls, job.sdpa)
     return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, predicted_s, r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
-                 tuple(groups or ()), job.repeats)
+                 tuple(groups or ()), job.repeats, Path(job.where.split(": runs[")[0]).stem)
 
 
 def validate(refs: list, only: str | None = None, max_seq_len: int | None = None,

@@ -100,6 +100,51 @@ def ablation_report(points: list) -> str:
     return "\n".join(lines)
 
 
+# (implementation, its baseline): issue 26's speed-up, the baseline's time over the implementation's on
+# the same configuration (GPU, pass, workload), predicted against measured, where one measured file
+# timed both (a paper's FA3 against this project's FA2 would mix two machines and two clocks)
+SPEEDUP_PAIRS = (("fa3", "fa2-fa3paper"), ("fa3", "fa2"), ("cudnn", "fa2"))
+
+
+def speedup_stats(points: list) -> dict:
+    """{(implementation, baseline, GPU, pass, level): (n, median |e|, worst |e|, signed median)} with e =
+    predicted speed-up / measured speed-up - 1 (positive: the model predicts too large a gain), a
+    speed-up being the baseline's time over the implementation's on one configuration of one measured
+    file; at the event level, and at the kernel level where both runs have kernel rows."""
+    by_impl: dict = {}
+    for p in points:
+        impl, config = p.label.split(" ", 1)           # "IMPL GPU PASS workload..."
+        by_impl.setdefault(impl, {})[(p.source, config)] = p
+    out: dict = {}
+    for impl, base in SPEEDUP_PAIRS:
+        mine, theirs = by_impl.get(impl, {}), by_impl.get(base, {})
+        for config in sorted(mine.keys() & theirs.keys()):
+            a, b = mine[config], theirs[config]
+            levels = [("event", b.predicted_s / a.predicted_s, b.measured_s / a.measured_s)]
+            if a.measured_kernel_s and b.measured_kernel_s:
+                levels.append(("kernel", b.predicted_kernel_s / a.predicted_kernel_s,
+                               b.measured_kernel_s / a.measured_kernel_s))
+            for level, predicted, measured in levels:
+                out.setdefault((impl, base, a.family[1], a.family[2], level), []).append(predicted / measured - 1)
+    return {k: (len(v), statistics.median(abs(e) for e in v), max(abs(e) for e in v), statistics.median(v))
+            for k, v in out.items()}
+
+
+def speedup_table(points: list) -> list:
+    """The lines of the speed-up table (none where no pair was timed on the same configuration)."""
+    stats = speedup_stats(points)
+    if not stats:
+        return []
+    names = {k: f"{k[0]} over {k[1]} {k[2]} {k[3]}" for k in stats}
+    width = max(len(n) for n in names.values())
+    lines = ["", "speed-up: the baseline's time over the implementation's on the same configuration, predicted "
+                 "against measured (e = predicted / measured speed-up - 1; positive: too large a gain predicted)",
+             f"{'implementation over baseline':{width}s}  level    n  median|e|  worst|e|  median e"]
+    for k, (n, med, worst, signed) in stats.items():
+        lines.append(f"{names[k]:{width}s}  {k[4]:6s} {n:3d}  {_pct(med):>9s}  {_pct(worst):>8s}  {_pct(signed):>8s}")
+    return lines
+
+
 def report(points: list, sources: list, model: TimeModel | None = None) -> str:
     lines = [f"predicted by hbmsim (time model: {(model or TimeModel()).describe()}) against {', '.join(sources)}",
              "time error = (predicted - measured) / measured; negative: the model is optimistic", "",
@@ -119,6 +164,7 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
         lines += ["", f"{len(kerrs)} runs with kernel rows: median |kernel error| "
                       f"{100 * statistics.median(kerrs):.0f}%, worst {100 * max(kerrs):.0f}%", ""]
         lines += kernel_group_table(points)
+    lines += speedup_table(points)
     folded = [p.simulated_fraction for p in points if p.simulated_fraction < 1]
     if folded:
         lines.append(f"fast mode: {len(folded)} of the {len(points)} runs folded, {100 * min(folded):.1f}% to "

@@ -81,6 +81,32 @@ def test_family_stats_by_hand():
     assert (n, med, worst, signed) == (2, pytest.approx(0.25), pytest.approx(0.3), pytest.approx(0.05))
 
 
+def test_speedup_stats_by_hand():
+    """Issue 26's speed-up: the baseline's time over the implementation's on one configuration of one
+    measured file, predicted against measured. FA3 predicted 1.0 s against FA2's 2.0 (2x), measured
+    1.2 against 1.8 (1.5x): e = 2 / 1.5 - 1 = +1/3. cuDNN against FA2 at kernel level: predicted
+    1.5x, measured 2x: e = -1/4. An FA2 run of another file on FA3's configuration is no pair."""
+    from hbmsim.scenarios.validate_report import speedup_stats, speedup_table
+    cfg = "h100-sxm5-80gb forward d=128 B=4 H=16 N=4096"
+    fwd = ("h100-sxm5-80gb", "forward")
+    pts = [Point(("fa3", *fwd), 4096, "fa3 " + cfg, 1.0, 1.2, source="paper"),
+           Point(("fa2-fa3paper", *fwd), 4096, "fa2-fa3paper " + cfg, 2.0, 1.8, source="paper"),
+           Point(("fa2", *fwd), 4096, "fa2 " + cfg, 3.0, 1.0, source="elsewhere"),
+           Point(("cudnn", *fwd), 4096, "cudnn " + cfg, 1.1, 1.1, predicted_kernel_s=1.0, measured_kernel_s=1.0,
+                 source="lib"),
+           Point(("fa2", *fwd), 4096, "fa2 " + cfg, 1.6, 2.1, predicted_kernel_s=1.5, measured_kernel_s=2.0,
+                 source="lib")]
+    stats = speedup_stats(pts)
+    assert set(stats) == {("fa3", "fa2-fa3paper", *fwd, "event"), ("cudnn", "fa2", *fwd, "event"),
+                          ("cudnn", "fa2", *fwd, "kernel")}
+    n, med, worst, signed = stats[("fa3", "fa2-fa3paper", *fwd, "event")]
+    assert (n, signed) == (1, pytest.approx(1 / 3)) and med == worst == pytest.approx(1 / 3)
+    assert stats[("cudnn", "fa2", *fwd, "kernel")][3] == pytest.approx(-0.25)
+    assert any(line.startswith("fa3 over fa2-fa3paper h100-sxm5-80gb forward") and "33%" in line
+               for line in speedup_table(pts))
+    assert speedup_table(pts[:1]) == []
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda r: r.pop("hardware"), "missing field 'hardware'"),
     (lambda r: r.update(variant="fa9-kernel"), "field 'variant' = 'fa9-kernel' must be one of fa2-kernel, paper"),
