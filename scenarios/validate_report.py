@@ -234,9 +234,14 @@ def plot(points: list, path: str | Path, source: str, model: TimeModel | None = 
 
 
 def to_json(points: list, complete: bool, model: TimeModel | None = None) -> str:
-    return json.dumps({"complete": complete, "time_model": (model or TimeModel()).describe(), "points": [
+    speedups = [{"implementation": k[0], "baseline": k[1], "hardware": k[2], "pass": k[3], "level": k[4], "n": n,
+                 "median_abs_error": med, "worst_abs_error": worst, "median_error": signed}
+                for k, (n, med, worst, signed) in speedup_stats(points).items()]
+    return json.dumps({"complete": complete, "time_model": (model or TimeModel()).describe(), "speedups": speedups,
+                       "points": [
         {"implementation": p.family[0], "hardware": p.family[1], "pass": p.family[2], "seq_len": p.seq_len,
-         "label": p.label, "predicted_time_s": p.predicted_s, "measured_time_s": p.measured_s,
+         "label": p.label, "measured_file": p.source,
+         "predicted_time_s": p.predicted_s, "measured_time_s": p.measured_s,
          "error": p.error, "simulated_fraction": p.simulated_fraction,
          "predicted_kernel_time_s": p.predicted_kernel_s, "measured_kernel_time_s": p.measured_kernel_s,
          "kernel_error": p.kernel_error,

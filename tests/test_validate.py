@@ -57,8 +57,11 @@ def test_validate_reports_families_and_plots(tmp_path, capsys):
     png, out_json = tmp_path / "v.png", tmp_path / "v.json"
     assert main(SUBSET + ["--plot", str(png), "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
-    points = json.loads(out_json.read_text())["points"]
+    doc = json.loads(out_json.read_text())
+    points = doc["points"]
     assert len(points) == 4 and {p["seq_len"] for p in points} == {512}
+    assert {p["measured_file"] for p in points} == {"fa2-paper-fwd-bwd"}
+    assert doc["speedups"] == []          # one implementation: nothing to pair
     for p in points:
         assert p["error"] == pytest.approx((p["predicted_time_s"] - p["measured_time_s"]) / p["measured_time_s"])
     errs = [p["error"] for p in points]
@@ -105,6 +108,10 @@ def test_speedup_stats_by_hand():
     assert any(line.startswith("fa3 over fa2-fa3paper h100-sxm5-80gb forward") and "33%" in line
                for line in speedup_table(pts))
     assert speedup_table(pts[:1]) == []
+    from hbmsim.scenarios.validate_report import to_json
+    (row,) = [r for r in json.loads(to_json(pts, True))["speedups"] if r["level"] == "kernel"]
+    assert (row["implementation"], row["baseline"], row["n"]) == ("cudnn", "fa2", 1)
+    assert row["median_error"] == pytest.approx(-0.25)
 
 
 @pytest.mark.parametrize("change, message", [
