@@ -170,13 +170,16 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         def kv_value(got):
             return None if got[0] is None else np.vstack(got)
 
-        p_bytes = wl.itemsize       # P, converted to the 16-bit dtype (FP8 keeps P in registers)
+        def p_smem_bytes(n, nc):
+            # P (n x nc, converted to the 16-bit dtype) through shared memory: 0 with MmaPV_is_RS
+            # (P stays in registers; FP8 always does)
+            return 0 if pv_is_rs else n * nc * wl.itemsize
 
         def pv_work(n, nc, tiles):
             # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, and P (its A
-            # operand, n x nc) from registers (MmaPV_is_RS) or from shared memory; with several
+            # operand) from registers or, without MmaPV_is_RS, from shared memory; with several
             # tiles a step, V's and P's columns add up
-            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + (0 if pv_is_rs else n * nc * p_bytes))
+            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + p_smem_bytes(n, nc))
 
         def hand_over(gemms, turn_next):
             for ev in gemms:
@@ -220,7 +223,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 # MmaPV_is_RS its P (n x nc, 16-bit) is then stored to shared memory for the P V GEMM
                 yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)
                                        + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                                       exp_ops=n * nc + tiles * n, sram_bytes=0 if pv_is_rs else n * nc * p_bytes)
+                                       exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
                 yield from pv_ev
                 if pending is not None:
                     release("v", pending[0])

@@ -135,8 +135,8 @@ NCU_SUMMARY_METRICS = (
 #   arithmetic (IMAD issues to the FMA pipe) or conversions is what these say.
 NCU_SUMMARY_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_",
                         "l1tex__t_requests_pipe_lsu_mem_global_op_", "l1tex__t_sectors_pipe_lsu_mem_global_op_",
-                        "lts__t_sectors_srcunit_tex_op_", "sm__pipe_tensor_op_gmma_",
-                        "sm__inst_executed_pipe_", "sm__pipe_", "smsp__sass_thread_inst_executed_op_",
+                        "lts__t_sectors_srcunit_tex_op_", "sm__pipe_",      # sm__pipe_: the GMMA pipe's too
+                        "sm__inst_executed_pipe_", "smsp__sass_thread_inst_executed_op_",
                         "smsp__sass_inst_executed_op_")
 
 

@@ -88,6 +88,7 @@ class Job:
                            # call) or "back-to-back" (a loop of calls between two synchronises: calls_of)
     repeats: tuple | None = None   # (min, median, max) of the run's repeats (repeats_of)
     sdpa: bool = False     # the timed call is torch's scaled_dot_product_attention (sdpa_of)
+    source: str = ""       # the measured file the run comes from (its name, without .json)
 
 
 def _passes(pass_name: str, where: str) -> tuple:
@@ -237,7 +238,8 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
                 index[key] = len(configs)
                 configs.append(cfg)
             jobs.append(Job(index[key], r, cfg.where, caller_ops_of(cfg.where, r, measured.provenance),
-                            calls_of(cfg.where, r), repeats_of(cfg.where, r), sdpa_of(r, measured.provenance)))
+                            calls_of(cfg.where, r), repeats_of(cfg.where, r), sdpa_of(r, measured.provenance),
+                            Path(path).stem))
     if not jobs:
         raise HbmsimError("validate: no run left to simulate (check --only and --max-seq-len)")
     return configs, jobs
@@ -299,7 +301,7 @@ def point_of(job: Job, cfg: Config, results: list, ablation: dict | None = None,
     predicted_s = stopwatch_s(res, job.caller_ops, TimeModel() if model is None else model, job.calls, job.sdpa)
     return Point((impl, r["hardware"], pass_name), wl.seq_len_kv, label, predicted_s, r["time_s"], ablation,
                  res["simulated_fraction"], res.get("kernel_time_s", res["time_s"]), measured_kernel_s,
-                 tuple(groups or ()), job.repeats, Path(job.where.split(": runs[")[0]).stem)
+                 tuple(groups or ()), job.repeats, job.source)
 
 
 def validate(refs: list, only: str | None = None, max_seq_len: int | None = None,
