@@ -121,6 +121,21 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     def span(cols):
         return cols.start, cols.stop
 
+    # compute's arguments of a step, by (rows computed, keys, tiles): the same for every block whose
+    # step has that shape, so made once (a dict per call is most of a step's own Python)
+    step_work: dict = {}
+
+    def step_works(n_work, nc, tiles):
+        """(S and softmax, P V) compute arguments of one step."""
+        key = (n_work, nc, tiles)
+        works = step_work.get(key)
+        if works is None:
+            works = step_work[key] = (
+                work(qk_softmax_work(wl, n_work, nc, tiles, warps)),
+                # acc += P V_j: P from registers, all of V_j from SRAM by every warp
+                work(dict(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * itemsize)))
+        return works
+
     def kv_steps(kv_end):
         """[(c0, c_end)] of a block's steps. Fast mode: the block's own loop sets the step, so a
         causal mask's short rows keep steps of one tile."""
@@ -156,9 +171,10 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         for s_i, (c0, c_end) in enumerate(steps):
             cols, tiles = kv_cols(c0, c_end)
             c1, nc = cols.stop, cols.stop - c0
+            qk_work, pv_work = step_works(n_work, nc, tiles)
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv_tiles("V", kg, c0, c1))
-            yield from ctx.compute(**work(qk_softmax_work(wl, n_work, nc, tiles, warps)))
+            yield from ctx.compute(**qk_work)
             if numeric:
                 # The unnormalised form (FA2): acc = exp(m_old - m_new) acc + P V, divided by l once
                 # at the end.
@@ -171,8 +187,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             v = kv.join((yield from ctx.wait(v_next)))
             if s_i + 1 < len(steps):
                 k_next = ctx.prefetch(*kv_tiles("K", kg, *span(kv_cols(*steps[s_i + 1])[0])))
-            # acc += P V_j: P from registers, all of V_j from SRAM by every warp
-            yield from ctx.compute(**work(dict(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * itemsize)))
+            yield from ctx.compute(**pv_work)                  # acc += P V_j (step_works)
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
                 ctx.note("flash2 tile", g=g, rows=(r0, r1), cols=(c0, c1), S=s, tile_max=s.max(axis=1),

@@ -112,6 +112,8 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             out.append((c0, min(nk, c0 + tiles * block_kv), tiles))
         return out
 
+    softmax_works: dict = {}      # (rows, keys, tiles) -> a step's softmax arguments (softmax_work)
+
     def block(ctx, index):
         g, i = divmod(index, tr)
         rows = block_rows(i, block_q, nq)
@@ -181,6 +183,19 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             # tiles a step, V's and P's columns add up
             return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + p_smem_bytes(n, nc))
 
+        def softmax_work(n, nc, tiles):
+            # the online softmax of an n x nc tile (tiles K/V tiles a step: the per-row terms once a
+            # tile), an exp per score and one per row a tile; P's shared-memory bytes (p_smem_bytes).
+            # The same for every step of that shape: made once (the launch's softmax_works)
+            key = (n, nc, tiles)
+            kw = softmax_works.get(key)
+            if kw is None:
+                kw = softmax_works[key] = dict(
+                    vector_flops=online_softmax_vector_flops(wl, n, nc)
+                    + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
+                    exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
+            return kw
+
         def hand_over(gemms, turn_next):
             for ev in gemms:
                 if ev.callbacks is not None:      # not done yet
@@ -221,9 +236,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 release("k", s_i)
                 # the online softmax of S_j on the vector pipe (under P_{j-1} V_{j-1}); without
                 # MmaPV_is_RS its P (n x nc, 16-bit) is then stored to shared memory for the P V GEMM
-                yield from ctx.compute(vector_flops=online_softmax_vector_flops(wl, n, nc)
-                                       + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                                       exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
+                yield from ctx.compute(**softmax_work(n, nc, tiles))
                 yield from pv_ev
                 if pending is not None:
                     release("v", pending[0])

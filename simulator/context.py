@@ -12,7 +12,7 @@ import simpy
 from .errors import HbmsimError
 from .loop_fold import INERT
 from .results import KernelResult
-from .simpy_adapter import timers
+from .simpy_adapter import Role, flags, timers
 from .tensor import GATHER, SECTOR_BYTES, L2Lines, Tensor, TensorView, tile_sectors
 from .time_model import ASYNC_TENSOR_OPS, FP32, LIBRARY
 
@@ -71,13 +71,14 @@ class MachineContext:
     The loads and `wait` are SimPy generators; store, atomic_add and compute do their work when
     called and return the events to wait for (none, or one), cheaper than a generator."""
 
-    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_tensors", "_tensors_of", "role")
+    __slots__ = ("_m", "sm", "kernel", "block", "_launch", "_after", "_flag", "_tensors", "_tensors_of", "role")
 
     def __init__(self, machine, sm: int, kernel: KernelResult, launch_state: LaunchState):
         """`machine`: the machine.Machine running the launch."""
         self._m, self.sm, self.kernel, self.block, self._launch = machine, sm, kernel, -1, launch_state
         self.role = None                      # the warp role whose code is running (fork), for the timeline
         self._after = timers(machine.env)     # env.timeout, cheaper (simpy_adapter.py)
+        self._flag = flags(machine.env)       # env.event, cheaper
         # per tensor, what _issue needs of it for `self.kernel` (shared by the launch's contexts): see _tensor
         self._tensors, self._tensors_of = launch_state.tensors_of(kernel), kernel
 
@@ -298,7 +299,7 @@ class MachineContext:
         with this context's calls. Returns an event that fires when it ends (`yield` it to join)."""
         if name is not None and self._m.recorder is not None:
             role = self._named(role, name)
-        return self._m.env.process(role)
+        return Role(self._m.env, role)         # env.process(role), cheaper
 
     def _named(self, role, name: str):
         """`role`, with `self.role` = name while its code runs (SimPy runs one generator at a time,
@@ -319,8 +320,8 @@ class MachineContext:
 
     def event(self):
         """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
-        `yield` it to wait, `.succeed()` it to release the waiters."""
-        return self._m.env.event()
+        `yield` it to wait, `.succeed()` it (once) to release the waiters."""
+        return self._flag()
 
     def steady_loop(self, first: int, last: int):
         """A handle on this block's loop of alike iterations `first`..`last` (loop_fold.py): `j =

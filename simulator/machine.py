@@ -40,7 +40,7 @@ from .resources import FifoPipe, SharedPool
 from .program import Launch, Program
 from .results import KernelResult, SimResult
 from .shared_pipes import SharedPipes
-from .simpy_adapter import Inline, events_scheduled
+from .simpy_adapter import Inline, events_scheduled, run
 from .tensor import SECTOR_BYTES
 from .host import DEFAULT_HOST
 from .time_model import TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
@@ -362,7 +362,7 @@ class Machine:
         gc.disable()
         try:
             if max_events is None:
-                self.env.run()
+                run(self.env)
             else:
                 self._run_bounded(program, max_events)
         finally:
