@@ -115,11 +115,14 @@ STEPS = (
          "(predicted 10-16% long at head dims 64 and 128, right at 256)",
          (("{gpu}-microbench-4warps.json", "scenarios/measured/{gpu}-microbench-4warps.json"),
           ("{gpu}-ncu-one-wave-bwd.json", "scenarios/measured/{gpu}-ncu-one-wave-bwd.json"))),
-    Step("ncu-stalls", 240, (
-        _ncu("fa2", 128), _ncu("pytorch", 64),
-        _summarise(("ncu-fa2-128-4096-forward.csv", "ncu-pytorch-64-4096-forward.csv"), "{out}/{gpu}-ncu-stalls.json")),
-         "issue 23: why FA2's forward overlaps its pipes only in part (warp stall reasons), and whether "
-         "PyTorch's transposing copy asks for a sector per element (global load sectors per request)",
+    Step("ncu-stalls", 300, (
+        _ncu("fa2", 128), _ncu("pytorch", 64), _ncu("pytorch", 64, "backward"),
+        _summarise(("ncu-fa2-128-4096-forward.csv", "ncu-pytorch-64-4096-forward.csv",
+                    "ncu-pytorch-64-4096-backward.csv"), "{out}/{gpu}-ncu-stalls.json")),
+         "issue 23: why FA2's forward overlaps its pipes only in part (warp stall reasons), whether "
+         "PyTorch's transposing copy asks for a sector per element (global load sectors per request), and "
+         "why the backward's stack into qkv.grad (CatArrayBatchedCopy, -30..-34% at kernel level) reads DRAM "
+         "1.9x its gradients' bytes on an H100: its L2 sectors, hits and stalls",
          (("{gpu}-ncu-stalls.json", "scenarios/measured/{gpu}-ncu-stalls.json"),)),
     Step("hopper-library", 300, ((PY, "-m", "hbmsim.kernels.library", "--impl", "cudnn", "fa3", "fa2",
                                   "--head-dim", "64", "128", "256",          # the FA3 paper's three
