@@ -231,14 +231,42 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     steady = not wl.causal and len(kblocks) > 3
     W = FWD_WARPS_N
 
-    def step_loads(g, j, i):
-        """What step i reads before its first GEMM: Q_i, and for key blocks after the first lse_i."""
-        return ((Q[g], query_step_rows(i, nq), all_cols),) + (((LSE[g], query_step_rows(i, nq), one),) if j > 0 else ())
+    step_rows = [query_step_rows(i, nq) for i in range(n_steps)]
+    # compute's arguments of a step of n query rows against nc keys: the same for every step of that
+    # shape, so made once (made_works)
+    works: dict = {}
+
+    def made_works(n, nc):
+        """(S and softmax, partial O, split-K reduction) compute arguments of one step (see below)."""
+        key = (n, nc)
+        w = works.get(key)
+        if w is None:
+            w = works[key] = (
+                # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
+                # per score and two per row (the running max's rescales); SRAM: every warp reads
+                # all of Q_i (K sits in registers), and the row max and row sum are each reduced
+                # across the warps through shared memory (W partials of n fp32 written and read).
+                dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
+                     sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
+                # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
+                dict(matmul_flops=2 * n * nc * d),
+                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
+                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
+                # to rescale the loaded o_tmp and normalise the output
+                dict(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4))
+        return w
 
     def block(ctx, index):
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension
         if z >= n_steps:
             return                                    # fmha_fprop_kernel_1xN.h:284: no step for this split
+        Qg, LSEg, Og = Q[g], LSE[g], O[g]
+        OTg = OT[g] if OT is not None else None
+
+        def step_loads(j, i):
+            """What step i reads before its first GEMM: Q_i, and for key blocks after the first lse_i."""
+            rows = step_rows[i]
+            return ((Qg, rows, all_cols), (LSEg, rows, one)) if j > 0 else ((Qg, rows, all_cols),)
         # key blocks 1 .. n-2 are alike without a mask (each reads the partial output back): in fast
         # mode, once every block's are steady, all skip the same number (simulator/loop_fold.py)
         loop = ctx.steady_loop(1, len(kblocks) - 1) if steady else None
@@ -260,32 +288,22 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
             # fp32 partial output o_tmp is loaded after its first GEMM and used by its last phase (:401).
             k, v, *ahead = yield from ctx.load_tiles((K[wl.kv_group(g)], cols, all_cols),
                                                      (V[wl.kv_group(g)], cols, all_cols),
-                                                     *step_loads(g, j, first))
+                                                     *step_loads(j, first))
             # K_j, V_j go smem -> registers once per key block (K and V held in registers).
             yield from ctx.compute(sram_bytes=2 * nc * d * itemsize)
             nxt = None
             for i in range(first, n_steps, S):
-                rows = query_step_rows(i, nq)
+                rows = step_rows[i]
                 r0, r1 = rows.start, rows.stop
                 n = r1 - r0
                 if i > first:
                     ahead = yield from ctx.wait(nxt)
-                nxt = ctx.prefetch(*step_loads(g, j, i + S)) if i + S < n_steps else None
-                o_tmp = ctx.prefetch((OT[g], rows, all_cols)) if j > 0 else None     # !Is_first
-                # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
-                # per score and two per row (the running max's rescales); SRAM: every warp reads
-                # all of Q_i (K sits in registers), and the row max and row sum are each reduced
-                # across the warps through shared memory (W partials of n fp32 written and read).
-                yield from ctx.compute_chain(
-                    dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                         sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
-                    # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
-                    dict(matmul_flops=2 * n * nc * d))
+                nxt = ctx.prefetch(*step_loads(j, i + S)) if i + S < n_steps else None
+                o_tmp = ctx.prefetch((OTg, rows, all_cols)) if j > 0 else None     # !Is_first
+                qk_softmax, pv, reduction = made_works(n, nc)
+                yield from ctx.compute_chain(qk_softmax, pv)       # S, its softmax, then P V (made_works)
                 (o_prev,) = (yield from ctx.wait(o_tmp)) if o_tmp is not None else (None,)
-                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
-                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
-                # to rescale the loaded o_tmp and normalise the output
-                yield from ctx.compute(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4)
+                yield from ctx.compute(**reduction)                # the split-K reduction (made_works)
                 o_new = lse_new = None
                 if numeric:
                     q = ahead[0]
@@ -303,8 +321,7 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
                 # is_final_write (fmha_fprop_kernel_1xN.h:620-623): the last key block, or no
                 # later key block visits this step (causal).
                 final = i < next_begin
-                yield from ctx.store_tiles((LSE[g], rows, one, lse_new),
-                                           ((O if final else OT)[g], rows, all_cols, o_new))
+                yield from ctx.store_tiles((LSEg, rows, one, lse_new), (Og if final else OTg, rows, all_cols, o_new))
 
     allocs = (O, LSE) + ((OT,) if loop else ())
     launch = Launch("fa1_fwd", g_count * S, fa1_kernel_sram_bytes(wl, block_kv, False), block,
