@@ -28,6 +28,7 @@ Dropout regenerates its mask in-kernel (Philox): no mask bytes.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -232,29 +233,24 @@ def fa1_kernel_forward(wl: Workload, block_kv: int, num_splits: int, data: Atten
     W = FWD_WARPS_N
 
     step_rows = [query_step_rows(i, nq) for i in range(n_steps)]
-    # compute's arguments of a step of n query rows against nc keys: the same for every step of that
-    # shape, so made once (made_works)
-    works: dict = {}
 
+    @functools.cache
     def made_works(n, nc):
-        """(S and softmax, partial O, split-K reduction) compute arguments of one step (see below)."""
-        key = (n, nc)
-        w = works.get(key)
-        if w is None:
-            w = works[key] = (
-                # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
-                # per score and two per row (the running max's rescales); SRAM: every warp reads
-                # all of Q_i (K sits in registers), and the row max and row sum are each reduced
-                # across the warps through shared memory (W partials of n fp32 written and read).
-                dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
-                     sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
-                # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
-                dict(matmul_flops=2 * n * nc * d),
-                # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
-                # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
-                # to rescale the loaded o_tmp and normalise the output
-                dict(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4))
-        return w
+        """(S and softmax, partial O, split-K reduction) compute arguments of a step of n query rows
+        against nc keys: the same for every step of that shape, so made once."""
+        return (
+            # S = Q K^T (2*n*nc*d FLOPs) and the online softmax of the n x nc tile, with an exp
+            # per score and two per row (the running max's rescales); SRAM: every warp reads
+            # all of Q_i (K sits in registers), and the row max and row sum are each reduced
+            # across the warps through shared memory (W partials of n fp32 written and read).
+            dict(matmul_flops=2 * n * nc * d, vector_flops=online_softmax_vector_flops(wl, n, nc),
+                 sram_bytes=W * n * d * itemsize + 2 * (2 * W * n * 4), exp_ops=n * nc + 2 * n),
+            # each warp's partial O = P V over its keys (2*n*nc*d FLOPs; V sits in registers)
+            dict(matmul_flops=2 * n * nc * d),
+            # the split-K reduction, after the GEMM it depends on: the W partial outputs (n x d
+            # fp32) written to the fp32 Smem_tile_o and read back, (W-1)*n*d adds, plus 2*n*d
+            # to rescale the loaded o_tmp and normalise the output
+            dict(vector_flops=(W - 1) * n * d + 2 * n * d, sram_bytes=2 * W * n * d * 4))
 
     def block(ctx, index):
         z, g = divmod(index, g_count)                 # blockIdx.z (split) is the slowest dimension

@@ -13,6 +13,7 @@ Where the tiles live (the kernel in kernels/ must agree): Q_i, K_j and V_j in sh
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -121,20 +122,14 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     def span(cols):
         return cols.start, cols.stop
 
-    # compute's arguments of a step, by (rows computed, keys, tiles): the same for every block whose
-    # step has that shape, so made once (a dict per call is most of a step's own Python)
-    step_work: dict = {}
-
+    @functools.cache
     def step_works(n_work, nc, tiles):
-        """(S and softmax, P V) compute arguments of one step."""
-        key = (n_work, nc, tiles)
-        works = step_work.get(key)
-        if works is None:
-            works = step_work[key] = (
-                work(qk_softmax_work(wl, n_work, nc, tiles, warps)),
+        """(S and softmax, P V) compute arguments of one step: the same for every block whose step has
+        that shape (rows computed, keys, tiles), so made once (a dict per call is most of a step's own
+        Python)."""
+        return (work(qk_softmax_work(wl, n_work, nc, tiles, warps)),
                 # acc += P V_j: P from registers, all of V_j from SRAM by every warp
                 work(dict(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * itemsize)))
-        return works
 
     def kv_steps(kv_end):
         """[(c0, c_end)] of a block's steps. Fast mode: the block's own loop sets the step, so a

@@ -25,6 +25,7 @@ rows (the FP8 rounding itself is not modelled: the values are those of exact ari
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -112,7 +113,25 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             out.append((c0, min(nk, c0 + tiles * block_kv), tiles))
         return out
 
-    softmax_works: dict = {}      # (rows, keys, tiles) -> a step's softmax arguments (softmax_work)
+    def p_smem_bytes(n, nc):
+        # P (n x nc, converted to the 16-bit dtype) through shared memory: 0 with MmaPV_is_RS
+        # (P stays in registers; FP8 always does)
+        return 0 if pv_is_rs else n * nc * wl.itemsize
+
+    def pv_work(n, nc, tiles):
+        # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, and P (its A
+        # operand) from registers or, without MmaPV_is_RS, from shared memory; with several
+        # tiles a step, V's and P's columns add up
+        return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + p_smem_bytes(n, nc))
+
+    @functools.cache
+    def softmax_work(n, nc, tiles):
+        # the online softmax of an n x nc tile (tiles K/V tiles a step: the per-row terms once a
+        # tile), an exp per score and one per row a tile; P's shared-memory bytes (p_smem_bytes).
+        # The same for every step of that shape: made once
+        return dict(vector_flops=online_softmax_vector_flops(wl, n, nc)
+                    + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
+                    exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
 
     def block(ctx, index):
         g, i = divmod(index, tr)
@@ -171,30 +190,6 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
         def kv_value(got):
             return None if got[0] is None else np.vstack(got)
-
-        def p_smem_bytes(n, nc):
-            # P (n x nc, converted to the 16-bit dtype) through shared memory: 0 with MmaPV_is_RS
-            # (P stays in registers; FP8 always does)
-            return 0 if pv_is_rs else n * nc * wl.itemsize
-
-        def pv_work(n, nc, tiles):
-            # O += P V_j: 2 n nc d FLOPs; wgmma reads V_j (nc x d) from shared memory, and P (its A
-            # operand) from registers or, without MmaPV_is_RS, from shared memory; with several
-            # tiles a step, V's and P's columns add up
-            return dict(matmul_flops=2 * n * nc * d, sram_bytes=nc * d * e + p_smem_bytes(n, nc))
-
-        def softmax_work(n, nc, tiles):
-            # the online softmax of an n x nc tile (tiles K/V tiles a step: the per-row terms once a
-            # tile), an exp per score and one per row a tile; P's shared-memory bytes (p_smem_bytes).
-            # The same for every step of that shape: made once (the launch's softmax_works)
-            key = (n, nc, tiles)
-            kw = softmax_works.get(key)
-            if kw is None:
-                kw = softmax_works[key] = dict(
-                    vector_flops=online_softmax_vector_flops(wl, n, nc)
-                    + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
-                    exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
-            return kw
 
         def hand_over(gemms, turn_next):
             for ev in gemms:

@@ -127,30 +127,27 @@ _STARTED = _Started()
 class Flag:
     """An event that succeeds once with no value (see `flags`)."""
 
-    __slots__ = ("callbacks", "_schedule")
+    __slots__ = ("callbacks", "_fire_after")
     _ok = True
     _value = None
 
     def succeed(self) -> "Flag":
         """Release the waiters (their callbacks run when the event is processed, now)."""
-        schedule = self._schedule
-        if schedule is None:
+        fire_after = self._fire_after
+        if fire_after is None:
             raise RuntimeError("a Flag succeeds once")
-        self._schedule = None
-        schedule(self)
+        self._fire_after = None
+        fire_after(self, 0.0)           # what Event.succeed's env.schedule does
         return self
 
 
 def flags(env: simpy.Environment):
     """`flag()`: a new Flag of `env`."""
-    queue, eids = env._queue, env._eid
-
-    def schedule(event: Flag) -> None:
-        heappush(queue, (env._now, NORMAL, next(eids), event))     # what Event.succeed's env.schedule does
+    fire_after = schedulers(env)
 
     def flag() -> Flag:
         ev = Flag()
-        ev.callbacks, ev._schedule = [], schedule
+        ev.callbacks, ev._fire_after = [], fire_after
         return ev
 
     return flag
@@ -161,16 +158,15 @@ class Role:
     module docstring); yield it to wait for the generator's end (its value: the generator's
     return value). An exception in the generator propagates out of the environment's step."""
 
-    __slots__ = ("callbacks", "_value", "_generator", "_callback", "_queue", "_eids", "_env")
+    __slots__ = ("callbacks", "_value", "_generator", "_callback", "_env")
     _ok = True
 
     def __init__(self, env: simpy.Environment, generator):
-        self.callbacks, self._value, self._generator = [], None, generator
+        self.callbacks, self._value, self._generator, self._env = [], None, generator, env
         self._callback = self._resume         # bound once: appended to every event waited for
-        self._queue, self._eids, self._env = env._queue, env._eid, env
         start = Timer()                       # Process's Initialize: urgent, now
         start.callbacks = [self._callback]
-        heappush(self._queue, (env._now, URGENT, next(self._eids), start))
+        heappush(env._queue, (env._now, URGENT, next(env._eid), start))
 
     def _resume(self, event) -> None:
         generator, env = self._generator, self._env
@@ -184,7 +180,7 @@ class Role:
                     event = generator.throw(event._value)
             except StopIteration as stop:      # the role ended: scheduled as Process schedules itself
                 self._value, self._callback = stop.value, None
-                heappush(self._queue, (env._now, NORMAL, next(self._eids), self))
+                heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
                 break
             callbacks = event.callbacks
             if callbacks is not None:
