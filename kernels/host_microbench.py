@@ -29,7 +29,8 @@ method it used in the output file:
   rest of the call; CUDA events around y.backward(g) less that kernel's own time (the same
   product timed alone) give pre_kernel_s = the engine's start + one node + its launch. Then
   backward_start_s = pre_kernel_s - host_autograd's slope, and backward_end_s = the intercept
-  less backward_start_s (without this entry: backward_start_s = the intercept, backward_end_s 0).
+  less backward_start_s (without this entry, or where that start falls outside [0, intercept], as
+  a noisy slope can put it: backward_start_s = the intercept, backward_end_s 0).
 - block_dispatch: one launch of `waves` x 2 blocks an SM (1024 threads a block, so an SM holds
   two), each block stamping %globaltimer and %smid at its entry and then spinning: the first
   wave's entries spread over the time the block scheduler takes to hand out a wave. Not a HostSpec
@@ -185,10 +186,11 @@ def host_fields(results: dict) -> dict:
     if slope is not None and launch is not None:
         out["autograd_node_s"] = slope - launch
     pre = get("host_autograd_first_kernel", "pre_kernel_s")
-    if intercept is not None and pre is not None and slope is not None:
+    if intercept is not None and pre is not None and slope is not None and 0 <= pre - slope <= intercept:
         out["backward_start_s"] = pre - slope               # the engine's start: pre-kernel less one node
         out["backward_end_s"] = intercept - out["backward_start_s"]
-    elif intercept is not None:
+    elif intercept is not None:                         # (or a start outside [0, intercept]: a noisy fit
+        #                                                  does not resolve the split; H200, 2026-11-27)
         out["backward_start_s"] = intercept                 # the whole, as the public figures count it
     queue = get("host_queue", "queue_launches")
     if queue is not None:

@@ -32,6 +32,11 @@ from pathlib import Path
 # (It imports nothing from hbmsim, not even its argument checks: on the GPU machine it runs before
 # hbmsim is installed, and installs it.)
 PY = sys.executable
+# kernels/store_retention.py's METRICS (written out: this script imports nothing from hbmsim)
+STORE_RETENTION_METRICS = ("gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,"
+                           "lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,"
+                           "sm__cycles_elapsed.avg.per_second,device__attribute_display_name,"
+                           "device__attribute_multiprocessor_count")
 MIN_STEP_S = 30           # below this much budget a step is not started (a torch import alone takes ~10 s)
 
 
@@ -174,6 +179,16 @@ STEPS = (
          "the split-KV combine kernel's dependent split loads waits (Nsight: ~0.21 us a split at base and boost "
          "clocks alike, L2 hits), and the preset's hbm_latency_s (now an H800 PCIe figure)",
          (("{gpu}-latency.json", "scenarios/measured/{gpu}-latency.json"),)),
+    Step("l2-retention", 90, (
+        ("ncu", "--csv", "--page", "raw", "--metrics", STORE_RETENTION_METRICS, "--log-file",
+         "{out}/ncu-l2-retention.csv", PY, "-m", "hbmsim.kernels.store_retention"),
+        (PY, "-m", "hbmsim.kernels.store_retention", "--summarise", "{out}/ncu-l2-retention.csv", "--out",
+         "{out}/{gpu}-l2-store-retention.json")),
+         "issue 23: how many of a kernel's stores the L2 still holds dirty when it ends (kernels/store_retention.py: "
+         "a store-only and a copy kernel of 4-256 MiB each under Nsight Compute, the L2 flushed before each): "
+         "the model keeps up to the whole L2 dirty, the shipped Nsight runs say 14-20 MB (FA2's small backward "
+         "kernels, PyTorch's copies: writes -13..-72%)",
+         (("{gpu}-l2-store-retention.json", "scenarios/measured/{gpu}-l2-store-retention.json"),)),
     Step("grid-tc", 300, ((PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
                            "--seq-len", "4096", "--l2", "cold", "--out", "{out}/{gpu}-grid-tc-4k-cold.json"),),
          "issue 24: the tensor-core kernel's block grid at N = 4096, cold L2 (then `hbmsim blockmap --measured`)",

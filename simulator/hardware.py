@@ -24,10 +24,10 @@ INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes",
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
                   "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
                    "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm", "block_dispatch_s",
-                   "l2_hit_latency_s")
+                   "l2_hit_latency_s", "l2_dirty_fraction")
 # Fractions of a peak: at most 1.
 FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
-                   "mma_sync_operands_serial")
+                   "mma_sync_operands_serial", "l2_dirty_fraction")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ class GPU:
     # sector request takes: a tile read one element a request (tensor.GATHER; time_model.py:
     # l2_sectors). 32 = the sector itself; `hbmsim microbench` measures it (l2_sector_cost_bytes)
     l2_sector_request_bytes: int = 32
+    # the most of the L2's bytes (l2_bytes) it holds dirty: past it, the least recently stored dirty
+    # lines go to DRAM while the kernel runs (l2.py; time_model.py: l2_dirty_limit). Measured by
+    # kernels/store_retention.py under Nsight Compute (what a store-only kernel larger than the L2
+    # leaves dirty at its end, over l2_bytes); 0 = not measured: the whole L2 may be dirty
+    l2_dirty_fraction: float = 0.0
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):

@@ -66,7 +66,10 @@ class Machine:
         self.model = TimeModel() if model is None else model
         self.env = simpy.Environment()
         self.hbm = SharedPool(self.env, hbm_rate(gpu, self.model), gpu.hbm_latency_s, "hbm_bytes_per_s")
-        self.l2 = L2Cache(gpu.l2_bytes) if gpu.l2_bytes > 0 else None
+        # (l2_dirty_limit effect: the preset's bound on dirty bytes, a fraction of the L2; off or 0,
+        # the whole L2 may be dirty)
+        dirty_limit = int(gpu.l2_bytes * gpu.l2_dirty_fraction) if self.model.l2_dirty_limit else 0
+        self.l2 = L2Cache(gpu.l2_bytes, dirty_limit) if gpu.l2_bytes > 0 else None
         # an L2 hit is served at the L2's rate, then waits its load-to-use latency (l2_hit_latency)
         l2_latency_s = gpu.l2_hit_latency_s if self.model.l2_hit_latency else 0.0
         self.l2_pool = FifoPipe(self.env, gpu.l2_bytes_per_s, l2_latency_s, "l2_bytes_per_s") if self.l2 else None

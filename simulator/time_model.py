@@ -132,6 +132,15 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   not unrolled), 0.21 us a split in its kernel rows at boost and base clocks alike (Nsight,
   h100/h200-ncu-decode.json: 77-82% L2 hits, long-scoreboard stalls). Off, or 0 (the A100
   presets: not measured): an L2 hit costs its bytes at the L2's rate only.
+- l2_dirty_limit: the L2 holds at most the preset's `l2_dirty_fraction` of its bytes dirty; past
+  that, the least recently stored dirty lines go to DRAM while the kernel runs (l2.py), in its
+  DRAM traffic and time, instead of waiting in the L2 for an eviction or the program's end.
+  Measured (kernels/store_retention.py under Nsight Compute, the L2 flushed before each kernel):
+  a store-only kernel of 48-256 MiB ends with 23.2-23.7 MiB dirty on an H100 (50 MiB L2) and
+  27.7-27.9 MiB on an H200 (60 MiB), the rest of its stores written while it ran; a copy kernel
+  (its reads in the L2 too) 19.8-22.2 and 23.2-25.9 MiB (h100/h200-l2-store-retention.json).
+  0.47 and 0.46 of the L2, about the same fraction on both.
+  Not measured on the A100s: 0. Off, or 0: the whole L2 may be dirty.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -191,6 +200,7 @@ class TimeModel:
     mma_sync_pipes: bool = True
     block_dispatch: bool = True
     l2_hit_latency: bool = True
+    l2_dirty_limit: bool = True
     host: bool = True
     sdpa_call: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);

@@ -33,7 +33,8 @@ SAME_AS_H100 = ("sm_count", "clock_hz", "sram_bytes_per_sm", "sram_bytes_per_s_p
 DIFFERENT_FROM_H100 = ("hbm_bytes_per_s", "hbm_capacity_bytes", "l2_bytes")
 # Measured on the H200 itself by the microbenchmarks that measured the H100's.
 MEASURED_ON_EACH = ("tensor_achievable_fraction", "hbm_stream_fraction", "mma_sync_fraction", "block_dispatch_s",
-                    "l2_sector_request_bytes", "hbm_latency_s", "l2_hit_latency_s")
+                    "l2_sector_request_bytes", "hbm_latency_s", "l2_hit_latency_s",
+                    "l2_dirty_fraction")
 
 
 def _load(path):

@@ -18,8 +18,9 @@ SAME_AS_40GB = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "s
 DIFFERENT_FROM_40GB = ("hbm_bytes_per_s", "hbm_capacity_bytes")
 # Measured on each part by the same microbenchmark (gpu-benches' STREAM triad): 1759 / 2039 and 1360 / 1555;
 # block_dispatch_s, l2_sector_request_bytes and l2_hit_latency_s: by `hbmsim microbench` on each part,
-# when one is lent.
-MEASURED_ON_EACH = ("hbm_stream_fraction", "block_dispatch_s", "l2_sector_request_bytes", "l2_hit_latency_s")
+# when one is lent; l2_dirty_fraction by kernels/store_retention.py.
+MEASURED_ON_EACH = ("hbm_stream_fraction", "block_dispatch_s", "l2_sector_request_bytes", "l2_hit_latency_s",
+                    "l2_dirty_fraction")
 
 
 @pytest.fixture(scope="module")
