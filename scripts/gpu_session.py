@@ -189,6 +189,16 @@ STEPS = (
          "the model keeps up to the whole L2 dirty, the shipped Nsight runs say 14-20 MB (FA2's small backward "
          "kernels, PyTorch's copies: writes -13..-72%)",
          (("{gpu}-l2-store-retention.json", "scenarios/measured/{gpu}-l2-store-retention.json"),)),
+    Step("ncu-free-clock", 150, (
+        _ncu_run("ncu-pytorch-64-4096-forward-free-clock.csv", "--ncu", "pytorch", "64", "4096", "false", "forward",
+                 ncu_options=("--clock-control", "none")),
+        _summarise(("ncu-pytorch-64-4096-forward-free-clock.csv",), "{out}/{gpu}-ncu-free-clock.json")),
+         "issue 23: PyTorch's forward under Nsight Compute with the clock left free (--clock-control none): the "
+         "SM clock each kernel really ran at (sm__cycles_elapsed.avg.per_second). At the locked base clock the "
+         "softmax forward takes the same 13.0 M cycles on an H100 and an H200, yet in the kernel rows it runs "
+         "1.03-1.25x longer on the H200 at N >= 4096 (-15% predicted): a lower clock under load, which NVML's "
+         "20 ms samples do not resolve?",
+         (("{gpu}-ncu-free-clock.json", "scenarios/measured/{gpu}-ncu-free-clock.json"),)),
     Step("grid-tc", 300, ((PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
                            "--seq-len", "4096", "--l2", "cold", "--out", "{out}/{gpu}-grid-tc-4k-cold.json"),),
          "issue 24: the tensor-core kernel's block grid at N = 4096, cold L2 (then `hbmsim blockmap --measured`)",
