@@ -240,6 +240,36 @@ def stats(pts: list[Point], key: str) -> tuple[float, float, int]:
     return spearman(pred, meas), regret(pred, meas), len(done)
 
 
+# A point whose SMs stored more than this times the predicted stores wrote to local memory:
+# register spills, which no program models (the kernel's own stores are the output and lse: 50
+# of h200-profile-grid-tc-4k.json's 96 points stored exactly the predicted bytes, the others 1.2x
+# to 591x them)
+SPILL_STORE_RATIO = 1.05
+
+
+def spilled(points: list[Point]) -> list[Point]:
+    """The predicted points whose measured stores from the SMs (`global_write_bytes_from_sm`,
+    `hbmsim profile`'s l1tex count) exceed SPILL_STORE_RATIO x the predicted L2-side writes."""
+    return [p for p in points if p.predicted and p.run.get("global_write_bytes_from_sm") is not None
+            and p.predicted.get("global_write_bytes")
+            and p.run["global_write_bytes_from_sm"] > SPILL_STORE_RATIO * p.predicted["global_write_bytes"]]
+
+
+def spill_note(points: list[Point], panels: list[str]) -> str:
+    """'' when no point spilled; else how many did (their worst store ratio) and the summary over
+    the points that did not: the model counts no local-memory traffic, so those rank what it models."""
+    spill = spilled(points)
+    if not spill:
+        return ""
+    worst = max(p.run["global_write_bytes_from_sm"] / p.predicted["global_write_bytes"] for p in spill)
+    rest = [p for p in points if p not in spill]
+    text = (f"register spills: {len(spill)} of {len(points)} point(s) stored more from the SMs than the kernel's "
+            f"output (up to {worst:.0f}x the predicted stores: local memory, which hbmsim does not count)")
+    if rest:
+        text += "; over the other " + f"{len(rest)}:\n" + summary(rest, panels)
+    return text
+
+
 def fmt_rho(rho: float) -> str:
     return "n/a" if math.isnan(rho) else f"{rho:.3f}"
 

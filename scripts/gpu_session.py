@@ -199,6 +199,19 @@ STEPS = (
          "1.03-1.25x longer on the H200 at N >= 4096 (-15% predicted): a lower clock under load, which NVML's "
          "20 ms samples do not resolve?",
          (("{gpu}-ncu-free-clock.json", "scenarios/measured/{gpu}-ncu-free-clock.json"),)),
+    Step("ncu-tc", 180, (
+        ("ncu", "--csv", "--page", "raw", "--set", "full", "-k", "regex:flash_attention_tc", "--log-file",
+         "{out}/ncu-tc-64-4096.csv", PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
+         "--block-q", "64,128", "--block-kv", "32,64", "--warps", "4", "--head-dim", "64", "--seq-len", "4096",
+         "--causal", "false", "--warmup", "0", "--repeats", "1", "--no-ncu", "--quiet", "--out",
+         "{out}/tc-scratch.json"),
+        _summarise(("ncu-tc-64-4096.csv",), "{out}/{gpu}-ncu-tc.json")),
+         "issue 23 (the measured side): this project's tensor-core kernel under Nsight Compute's full set at four "
+         "blocks that do not spill (64 and 128 rows, 32 and 64 keys, 4 warps; head dim 64, N = 4096): its "
+         "measured grid on the H200 (2026-11-27) runs 1.3-2.8x the predicted time and its block ranking does not "
+         "follow the model's (Spearman -0.5..0.3 over the blocks without spills): which pipe or stall the "
+         "model lacks (shared-memory bank conflicts of its ldmatrix reads, its synchronous loads?)",
+         (("{gpu}-ncu-tc.json", "scenarios/measured/{gpu}-ncu-tc.json"),)),
     Step("grid-tc", 300, ((PY, "-m", "hbmsim.scenarios.cli", "profile", "--kernel", "flash_attention_tc",
                            "--seq-len", "4096", "--l2", "cold", "--out", "{out}/{gpu}-grid-tc-4k-cold.json"),),
          "issue 24: the tensor-core kernel's block grid at N = 4096, cold L2 (then `hbmsim blockmap --measured`)",

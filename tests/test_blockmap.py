@@ -224,3 +224,30 @@ def test_a_missing_field_or_a_predicted_file_is_one_line(tmp_path, capsys):
     assert "field 'source' = 'predicted' must be 'measured' or 'emulated'" in capsys.readouterr().err
     assert main(["blockmap", "--measured", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.strip().endswith("none.json: no such file")
+
+
+def test_measured_map_says_which_points_spilled_and_ranks_the_rest(tmp_path, capsys, monkeypatch):
+    """A point whose SMs stored 50 bytes where the program stores 5 wrote local memory (register
+    spills, which no program models): said, and the summary given again over the other three.
+    Predicted 4, 3, 2 us against measured 1.0, 1.2, 1.1 ms: ranks 3, 2, 1 and 1, 3, 2, d = 2, -1,
+    -1, Spearman 1 - 6 x 6 / (3 x 8) = -0.5; the predicted best (32x16) 1.1 ms against 1.0: 10%."""
+    predicted = {(16, 16): 4e-6, (16, 32): 3e-6, (32, 16): 2e-6, (32, 32): 1e-6}
+
+    def fake_run_config(cfg, **kw):
+        p = cfg.run.params
+        return [{"global_read_bytes": 10, "global_write_bytes": 5, "hbm_read_bytes": 3, "hbm_write_bytes": 2,
+                 "time_s": predicted[p["block_q"], p["block_kv"]]}]
+    monkeypatch.setattr(M, "run_config", fake_run_config)
+    path = _fixture_file(tmp_path)
+    doc = json.loads(open(path).read())
+    for r, sm in zip(doc["runs"], (5, 5.2, 5, 50)):
+        r["global_write_bytes_from_sm"] = sm
+    open(path, "w").write(json.dumps(doc))
+    assert main(["blockmap", "--measured", path, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("register spills: 1 of 4 point(s) stored more from the SMs than the kernel's output (up to 10x the "
+            "predicted stores: local memory, which hbmsim does not count); over the other 3:\n") in out
+    tail = out[out.index("over the other 3:"):]
+    assert "time            Spearman min -0.500, median -0.500; regret of the predicted best at most 10.0%" in tail
+    # without the SMs' store counts nothing is said
+    assert M.spill_note([M.Point(0, {"global_write_bytes": 1}, {"global_write_bytes": 1})], ["time_s"]) == ""

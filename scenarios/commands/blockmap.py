@@ -153,6 +153,9 @@ def cmd_blockmap_measured(args) -> int:
     print(M.table(points, panels))
     print("per panel, over the workloads:")
     print(M.summary(points, panels))
+    spill = M.spill_note(points, panels)
+    if spill:
+        print(spill)
     if "time_s" not in panels:
         print("time: not measured" + (" (emulated on the CPU)" if doc["source"] == "emulated" else ""))
     if "hbm_read_bytes" not in panels:
