@@ -10,10 +10,15 @@ default), so a kernel that stores S bytes and reads nothing else writes
 
     dram__bytes_write = S - (bytes still dirty in the L2 when the kernel ends)
 
-Two kernels a size, each a grid-stride loop of 16-byte stores (every 32-byte sector written whole):
+Three kernels a size, each a grid-stride loop of 16-byte stores (every 32-byte sector written whole):
 - `store_<M>MiB`: stores M MiB (no reads);
 - `copy_<M>MiB`: reads M MiB and stores M MiB elsewhere (PyTorch's copies: reads competing for the
-  L2 with the dirty lines).
+  L2 with the dirty lines);
+- `paced_<M>MiB`: stores M MiB, each 16 bytes after PACE_FMAS dependent FMAs, so that the stores
+  trickle (about a twentieth of DRAM's rate) and DRAM is idle most of the time: whether the L2
+  writes dirty lines back while DRAM has time to spare (then little is left dirty at the end, as in
+  FA2's compute-bound forward, whose Nsight writes are its whole output) or only past its bound.
+  (Measured on 2026-11-27 without this mode: the files' 26 kernels are store and copy.)
 The kernel's name carries its size, so the raw page reads without this script.
 
     ncu --csv --page raw --metrics METRICS --log-file x.csv python -m hbmsim.kernels.store_retention
@@ -22,7 +27,8 @@ The kernel's name carries its size, so the raw page reads without this script.
 from __future__ import annotations
 
 SIZES_MIB = (4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 256)
-MODES = ("store", "copy")
+MODES = ("store", "copy", "paced")
+PACE_FMAS = 2048                      # dependent FMAs before each 16-byte store of a paced kernel
 THREADS_PER_BLOCK = 256
 BLOCKS_PER_SM = 8                     # 2,048 threads an SM: full occupancy on sm80/sm90
 # what Nsight Compute needs to read: the kernel's time, its DRAM bytes, the L2 sectors the SMs
@@ -35,10 +41,15 @@ METRICS = ",".join(("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__byt
 _BODY = r"""
 extern "C" __global__ void {name}(float4* __restrict__ out, const float4* __restrict__ in, long long n) {{
     long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = {value};
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{
+        {pre}out[i] = {value};
+    }}
 }}
 """
+# the paced kernel's chain: x = x * a + b, PACE_FMAS times, a and b from the index so the compiler
+# cannot fold it; its result is stored
+_PACE = ("float x = (float)(i & 1023), a = 0.999f + 1e-7f * (float)(i & 7); "
+         "for (int k = 0; k < {fmas}; ++k) x = fmaf(x, a, 1e-3f); ")
 
 
 def kernel_name(mode: str, mib: int) -> str:
@@ -47,12 +58,13 @@ def kernel_name(mode: str, mib: int) -> str:
 
 def source(sizes_mib=SIZES_MIB) -> str:
     """One kernel a mode and size (the same body; the name says the size)."""
-    value = {"store": "make_float4(1.f, 2.f, 3.f, 4.f)", "copy": "in[i]"}
-    return "".join(_BODY.format(name=kernel_name(m, s), value=value[m]) for s in sizes_mib for m in MODES)
+    value = {"store": "make_float4(1.f, 2.f, 3.f, 4.f)", "copy": "in[i]", "paced": "make_float4(x, x, x, x)"}
+    pre = {"store": "", "copy": "", "paced": _PACE.format(fmas=PACE_FMAS)}
+    return "".join(_BODY.format(name=kernel_name(m, s), value=value[m], pre=pre[m]) for s in sizes_mib for m in MODES)
 
 
 def parse_name(name: str) -> tuple[str, int] | None:
-    """('store' | 'copy', MiB) from a kernel name this module made, else None."""
+    """('store' | 'copy' | 'paced', MiB) from a kernel name this module made, else None."""
     mode, _, rest = name.partition("_")
     if mode not in MODES or not rest.endswith("MiB") or not rest[:-3].isdigit():
         return None

@@ -185,9 +185,10 @@ STEPS = (
         (PY, "-m", "hbmsim.kernels.store_retention", "--summarise", "{out}/ncu-l2-retention.csv", "--out",
          "{out}/{gpu}-l2-store-retention.json")),
          "issue 23: how many of a kernel's stores the L2 still holds dirty when it ends (kernels/store_retention.py: "
-         "a store-only and a copy kernel of 4-256 MiB each under Nsight Compute, the L2 flushed before each): "
-         "the model keeps up to the whole L2 dirty, the shipped Nsight runs say 14-20 MB (FA2's small backward "
-         "kernels, PyTorch's copies: writes -13..-72%)",
+         "a store-only, a copy and a paced kernel of 4-256 MiB each under Nsight Compute, the L2 flushed before "
+         "each): measured 2026-11-27, 0.47 of the L2 after a store-only kernel on both GPUs (l2_dirty_fraction); "
+         "since then the paced kernel (stores a twentieth of DRAM's rate): does the L2 write back while DRAM "
+         "idles, as FA2's compute-bound forward suggests (it leaves nothing dirty under Nsight)?",
          (("{gpu}-l2-store-retention.json", "scenarios/measured/{gpu}-l2-store-retention.json"),)),
     Step("ncu-free-clock", 150, (
         _ncu_run("ncu-pytorch-64-4096-forward-free-clock.csv", "--ncu", "pytorch", "64", "4096", "false", "forward",
