@@ -107,8 +107,8 @@ class GPU:
                                   f"{self.sm_count} SMs it underflows below {sys.float_info.min!r}")
         for f in FRACTION_FIELDS:
             if getattr(self, f) > 1:
-                raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 "
-                                  "(a fraction of a peak)")
+                what = "of the L2's bytes" if f == "l2_dirty_fraction" else "of a peak"
+                raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 (a fraction {what})")
         if self.l2_sector_request_bytes < 32:
             raise HbmsimError(f"{where}: field 'l2_sector_request_bytes' = {self.l2_sector_request_bytes!r} "
                               "must be at least 32 (a request moves a whole 32-byte sector)")

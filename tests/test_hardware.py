@@ -42,6 +42,10 @@ BASE = open(HARDWARE_DIR / "a100-sxm4-40gb.toml").read().split("\n[source]")[0]
     (lambda s: s.replace("sm_count = 108", 'sm_count = "many"'), r"field 'sm_count' = 'many' must be a finite number"),
     (lambda s: s.replace("l2_sector_request_bytes = 32", "l2_sector_request_bytes = 16"),
      r"field 'l2_sector_request_bytes' = 16 must be at least 32 \(a request moves a whole 32-byte sector\)"),
+    (lambda s: s.replace("l2_dirty_fraction = 0.0", "l2_dirty_fraction = 1.5"),
+     r"field 'l2_dirty_fraction' = 1.5 must be at most 1 \(a fraction of the L2's bytes\)"),
+    (lambda s: s.replace("l2_dirty_fraction = 0.0", "l2_dirty_fraction = -0.5"),
+     r"field 'l2_dirty_fraction' = -0.5 must be >= 0 \(0: not given\)"),
 ])
 def test_bad_hardware_file(tmp_path, edit, message):
     assert "sm_count = 108" in BASE
