@@ -65,7 +65,7 @@ def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> di
 
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                    warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0,
-                   teaching: bool = False, tile_rows: int = 0) -> Program:
+                   teaching: bool = False, tile_rows: int = 0, fixed_instructions: int = 0) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
@@ -76,7 +76,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     `teaching`: the teaching kernel (algorithms/flash2_teaching.py): block_q threads move every
     tile (Strided(block_q), counted in sectors), K/V tile by tile even in a coarse step, and
     the matmuls run as FP32 FMAs (vector FLOPs). `tile_rows`: the rows the kernel's tile computes
-    (Flash2Blocks.q_tile_rows; 0: each block's own rows)."""
+    (Flash2Blocks.q_tile_rows; 0: each block's own rows). `fixed_instructions`: a warp's
+    instructions run once a block, not a step (the compiled kernel's, counted by Nsight; 0: not
+    known), run after the loop as a dependent chain (context.chain); never a byte of traffic."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -189,6 +191,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                          m_old=m_old, m_new=m, c=alpha, P=p, l=l, O=acc,
                          O_over_l=np.divide(acc, l[:, None], out=np.zeros_like(acc), where=l[:, None] > 0))
         yield from ctx.compute(vector_flops=n_work * d + 2 * n_work)   # O = acc / l, lse = m + log l
+        if fixed_instructions:           # the epilogue's (and prologue's) instructions, a dependent chain
+            yield from ctx.chain(fixed_instructions)
         o_tile = lse_tile = None
         if numeric:
             o_tile, lse_tile = normalised_rows(acc, l, m)

@@ -28,6 +28,14 @@ FA2_KERNEL, PAPER = "fa2-kernel", "paper"
 # PyTorch 2.11 vendors: scenarios/measured/h100-ncu-kernels.json). With 4 forward warps a block
 # takes 32,768 of an SM's 65,536 registers, with 8 backward warps all of them.
 FA2_KERNEL_REGISTERS_PER_THREAD = 255
+# A forward warp's fixed instructions, run once a block (not a K/V step), by head dim: Nsight
+# Compute's smsp__inst_executed.sum over blocks x 4 warps is F + s x steps, and two step counts
+# give F (the same counts on an H100 and an H200): head dim 64, 2,201 at 1 step and 3,883 at 2
+# (h100-ncu-short.json, N = 128 and 256): F = 519; 128, 3,257 at 2 steps (N = 128, 128 x 64 tiles)
+# and 78,897 at 64 (N = 4096, h100-ncu-kernels.json): F = 817; 256 (64 x 64 tiles), 59,536 at 64
+# steps (h200-ncu-pipes.json) and 61,368 at 66 (N = 4224, h100-ncu-one-wave.json): F = 912.
+# Other head dims: not measured (0).
+FA2_FWD_FIXED_INSTRUCTIONS = {64: 519, 128: 817, 256: 912}
 
 
 @dataclass(frozen=True)
@@ -237,6 +245,7 @@ def _q_tile_rows(m: Flash2Blocks, wl: Workload, unclipped: int, block_q: int) ->
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
+    fixed = FA2_FWD_FIXED_INSTRUCTIONS.get(wl.head_dim, 0) if m.variant == FA2_KERNEL else 0
     # rows each block computes (0: its own; a mapping built unresolved)
     tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows
     if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
@@ -247,15 +256,16 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         wl, data = kernel_workload(wl, m, data)
         if uses_splitkv(m):
             return flash2_splitkv_forward(wl, m.block_q, m.block_kv, m.num_splits, data, new_tokens, m.warps,
-                                          fast, regs, tile_rows=tile_rows)
+                                          fast, regs, tile_rows=tile_rows, fixed_chain=m.variant == FA2_KERNEL)
     even = not wl.causal               # every block's loop as long (common.tiles_per_step)
     fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
     if training:
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
-                               registers_per_thread=regs)
-    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs, tile_rows=tile_rows)
+                               registers_per_thread=regs, fixed_instructions=fixed)
+    return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs, tile_rows=tile_rows,
+                          fixed_instructions=fixed)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:

@@ -48,6 +48,13 @@ SPLITKV_BLOCK_M = 64        # run_mha_fwd_splitkv_dispatch's kBlockM
 MAX_SPLITS = 128            # set_params_splitkv: TORCH_CHECK(num_splits <= 128)
 SPLITKV_WARPS = 4           # Flash_fwd_kernel_traits<Headdim, 64, kBlockN, 4, ...>
 COMBINE_THREADS = 128
+# A warp's fixed instructions, run once a block (fixed_chain effect), head dim 128 (the decode
+# sets'), from Nsight's smsp__inst_executed over the blocks' warps (h100/h200-ncu-decode.json, the
+# same on both GPUs): the split kernel 1,970 a warp at 1 K/V tile and 5,352 at 4 (36,768 at 32):
+# 843 + 1,127 a tile; the combine kernel 619, 670 and 961 at 4, 8 and 32 splits: 573 + 12 a split.
+# Other head dims: not measured (0).
+SPLITKV_FIXED_INSTRUCTIONS = {128: 843}
+COMBINE_FIXED_INSTRUCTIONS = {128: 573}
 
 NOTES = {
     "split tile": {"heading": "split {split}, tile keys {cols}", "per_row": (
@@ -167,12 +174,15 @@ def kv_group_of(wl: Workload, g: int) -> int:
 
 def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits: int,
                            data: AttentionData | None = None, kv_append: int = 0, warps: int = SPLITKV_WARPS,
-                           fast: bool = False, registers_per_thread: int = 0, tile_rows: int = 0) -> Program:
+                           fast: bool = False, registers_per_thread: int = 0, tile_rows: int = 0,
+                           fixed_chain: bool = False) -> Program:
     """The split kernel (+ the combine kernel when num_splits > 1) on `wl`, the workload the
     kernel sees (already packed where packing applies). `kv_append`: how many new tokens (the
     last rows of K and V) the split kernel appends from K_new / V_new (0: none). `fast`: a
     split's loop of more than common.COARSE_ABOVE_TILES tiles runs several a step. `tile_rows`: the
-    rows the kernel's tile computes (Flash2Blocks.q_tile_rows, 64; 0: each block's own rows)."""
+    rows the kernel's tile computes (Flash2Blocks.q_tile_rows, 64; 0: each block's own rows).
+    `fixed_chain`: FA2's own kernels (variant fa2-kernel): each block ends with its warps' fixed
+    instructions as a dependent chain (SPLITKV_/COMBINE_FIXED_INSTRUCTIONS at this head dim)."""
     if num_splits < 1 or num_splits > MAX_SPLITS:
         raise HbmsimError(f"flash2: num_splits = {num_splits} must be 1..{MAX_SPLITS} (FA2's split-KV kernel)")
     if wl.dropout > 0:
@@ -198,6 +208,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
     scale = wl.softmax_scale
     all_cols = slice(0, d)
     per_split = math.ceil(math.ceil(nk / block_kv) / num_splits)
+    fixed = SPLITKV_FIXED_INSTRUCTIONS.get(d, 0) if fixed_chain else 0
     step_tiles = tiles_per_step(per_split) if fast else 1
 
     def outputs_of(g, s):
@@ -256,6 +267,8 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
                 ctx.note("split tile", g=g, split=s, rows=(r0, r1), cols=(c0, c1), S=sc, m_new=m, c=alpha,
                          P=p, l=l, O=acc)
         yield from ctx.compute(vector_flops=n_work * d + 2 * n_work)
+        if fixed:                        # the block's fixed instructions, a dependent chain
+            yield from ctx.chain(fixed)
         o_tile = lse_tile = None
         if numeric:
             o_tile, lse_tile = normalised_rows(acc, l, m)
@@ -267,7 +280,8 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
                        allocs=allocs, tensor_op=MMA_SYNC, period=num_splits * tm, threads_per_block=32 * warps,
                        registers_per_thread=registers_per_thread)]
     if split:
-        launches.append(combine_launch(wl, num_splits, O_acc, L_acc, O, LSE, numeric))
+        launches.append(combine_launch(wl, num_splits, O_acc, L_acc, O, LSE, numeric,
+                                       COMBINE_FIXED_INSTRUCTIONS.get(d, 0) if fixed_chain else 0))
     return Program("flash2_splitkv_forward", launches, inputs=tuple(tensors.values()) + tuple(new.values()),
                    outputs={"O": O, "lse": LSE})
 
@@ -286,7 +300,7 @@ def combine_pieces(wl: Workload, index: int, cbm: int) -> list:
     return out
 
 
-def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool) -> Launch:
+def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool, fixed: int = 0) -> Launch:
     G, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
     cbm = combine_block_m(d)
     total = G * nq
@@ -306,6 +320,8 @@ def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric:
             parts += yield from ctx.load_tiles(*[(O_acc[s * G + g], r, slice(0, d)) for g, r in pieces])
             # a multiply-add per output element: 2 FLOPs
             yield from ctx.compute(vector_flops=2 * rows_n * d)
+        if fixed:                        # the block's fixed instructions, a dependent chain
+            yield from ctx.chain(fixed)
         stores = []
         for j, (g, r) in enumerate(pieces):
             o_tile = lse_tile = None

@@ -293,6 +293,13 @@ class MachineContext:
         now = m.env._now
         return (self._after(done_s - now),) if done_s > now else ()
 
+    def chain(self, instructions: int) -> tuple:
+        """Each of this block's warps runs `instructions` dependent instructions (its fixed work: a
+        prologue's or epilogue's), one every gpu.dependent_issue_cycles at clock_hz (fixed_chain
+        effect): the block waits that long, taking no pipe. Returns the event to wait for."""
+        delay_s = self._m.chain_s_per_instruction * instructions
+        return (self._after(delay_s),) if delay_s > 0 else ()
+
     def fork(self, role, name: str | None = None):
         """Run the generator `role` (a warp role of this block: a producer warp, a consumer
         warpgroup, called `name` on the timeline) concurrently with the caller, on this block's SM

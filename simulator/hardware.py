@@ -24,7 +24,7 @@ INT_FIELDS = ("sm_count", "hbm_capacity_bytes", "sram_bytes_per_sm", "l2_bytes",
 ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_achievable_fraction",
                   "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
                    "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm", "block_dispatch_s",
-                   "l2_hit_latency_s", "l2_dirty_fraction")
+                   "l2_hit_latency_s", "l2_dirty_fraction", "dependent_issue_cycles")
 # Fractions of a peak: at most 1.
 FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
                    "mma_sync_operands_serial", "l2_dirty_fraction")
@@ -80,6 +80,10 @@ class GPU:
     # kernels/store_retention.py under Nsight Compute (what a store-only kernel larger than the L2
     # leaves dirty at its end, over l2_bytes); 0 = not measured: the whole L2 may be dirty
     l2_dirty_fraction: float = 0.0
+    # cycles between a warp's dependent arithmetic instructions (an instruction's result is ready
+    # for the next this many cycles after issue): a chain of N such instructions takes N x this,
+    # whatever the pipes' throughput (time_model.py: fixed_chain); 0 = not given
+    dependent_issue_cycles: float = 0.0
     source: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):

@@ -76,6 +76,8 @@ class Machine:
         # L2 pipe bytes per counted byte of a GATHER tile's sector requests (context._issue): each
         # request takes l2_sector_request_bytes of the pipe (l2_sectors effect); 0: the effect off
         self.gather_pace = gpu.l2_sector_request_bytes / SECTOR_BYTES if self.model.l2_sectors else 0.0
+        # seconds a warp's dependent instruction takes (context.chain; fixed_chain effect; 0: off)
+        self.chain_s_per_instruction = gpu.dependent_issue_cycles / gpu.clock_hz if self.model.fixed_chain else 0.0
         # each SM's compute: its tensor pipe (the only one with sm_pipes off) and its vector (FP32/SFU) pipe
         self.sms = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}") for i in range(gpu.sm_count)]
         self.vector_pipes = [FifoPipe(self.env, 1.0, 0.0, f"sm{i}_vector") for i in range(gpu.sm_count)]

@@ -141,6 +141,15 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   (its reads in the L2 too) 19.8-22.2 and 23.2-25.9 MiB (h100/h200-l2-store-retention.json).
   0.47 and 0.46 of the L2, about the same fraction on both.
   Not measured on the A100s: 0. Off, or 0: the whole L2 may be dirty.
+- fixed_chain: a kernel block's fixed instructions (those it runs once, not a step: its prologue's
+  and epilogue's address arithmetic, the output's conversion and staging; Nsight counted: FA2's
+  forward 519, 817 and 912 a warp at head dims 64, 128 and 256, Launch programs name them) run as
+  a dependent chain, each `dependent_issue_cycles` (4: CUDA C++ Programming Guide, "Multiprocessor
+  Level") after the last, at `clock_hz`: a latency the block waits, taking no pipe, which the
+  other resident blocks' work hides when it can. FA2's forward at two warps a scheduler issues a
+  warp's instruction every 4.2 cycles over N = 4096 and 5.2 at N = 128 (Nsight,
+  h100-ncu-kernels.json, h100-ncu-short.json): short blocks are latency-bound. Off, or 0: the
+  fixed work is only what the program's compute calls count.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -201,6 +210,7 @@ class TimeModel:
     block_dispatch: bool = True
     l2_hit_latency: bool = True
     l2_dirty_limit: bool = True
+    fixed_chain: bool = True
     host: bool = True
     sdpa_call: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);

@@ -28,7 +28,7 @@ REPEAT_H100 = MEASURED_DIR / "repeats" / "h100-2026-11-23-torch-fwd-bwd.json"
 SAME_AS_H100 = ("sm_count", "clock_hz", "sram_bytes_per_sm", "sram_bytes_per_s_per_sm",
                 "matmul_flops_per_s", "vector_flops_per_s", "l2_bytes_per_s", "max_blocks_per_sm",
                 "registers_per_sm", "sfu_ops_per_clk_per_sm", "mma_sync_operands_serial", "fp8_matmul_flops_per_s",
-                "has_wgmma", "warp_instructions_per_clk_per_sm")
+                "has_wgmma", "warp_instructions_per_clk_per_sm", "dependent_issue_cycles")
 # The HBM3e, and the L2 the driver reports (60 MiB, the full die's, against the H100's 50 MiB).
 DIFFERENT_FROM_H100 = ("hbm_bytes_per_s", "hbm_capacity_bytes", "l2_bytes")
 # Measured on the H200 itself by the microbenchmarks that measured the H100's.

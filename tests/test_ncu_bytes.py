@@ -41,11 +41,12 @@ def test_groups_by_hand():
 
 def test_the_fa2_forward_reads_q_k_v_once_from_an_empty_l2():
     """FA2's forward at N = 4096 (head dim 64), from an empty L2: K/V tiles reused across query
-    blocks hit the L2, so DRAM reads are Q, K and V once (3 x 64 MiB; Nsight: 201.6 MB); O and
+    blocks hit the L2, so DRAM reads are Q, K and V once (3 x 64 MiB; Nsight: 201.6 MB) but for a
+    few K/V tiles evicted before their last reuse (under 1%: blocks end at different times); O and
     lse are written, part of them still dirty in the L2 at the kernel's end."""
     run = ncu.run_of("ncu-fa2-64-forward.csv", "h100-sxm5-80gb")
     (read, write, l2_read, l2_write), = ncu.predicted_bytes(run, "test").values()
-    assert read == 3 * MB64
+    assert 3 * MB64 <= read < 1.01 * 3 * MB64
     assert 0 < write < MB64 + 4 * 32 * 4096 * 4
     # L2 side: Q once, K and V by each of the 32 query blocks of 128 rows; O and lse (fp32) once
     assert l2_read == MB64 + 32 * 2 * MB64 and l2_write == MB64 + 4 * 32 * 4096 * 4
@@ -118,7 +119,7 @@ def test_one_run_printed_and_plotted(tmp_path, capsys):
     png = tmp_path / "bytes.png"
     assert ncu.main([str(f), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "ncu-fa2-64-forward.csv: forward" in out and "201.3    201.6   -0.1%" in out
+    assert "ncu-fa2-64-forward.csv: forward" in out and "202.7    201.6   +0.6%" in out
     assert "DRAM read bytes: 1 kernel groups" in out and png.stat().st_size > 10_000
     assert "L2 side" not in out                          # the file has no L2 sector counts
     assert ncu.main([str(f), "--plot", str(tmp_path)]) == 2

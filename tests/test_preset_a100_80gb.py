@@ -13,7 +13,7 @@ SAME_AS_40GB = ("sm_count", "clock_hz", "hbm_latency_s", "sram_bytes_per_sm", "s
                 "matmul_flops_per_s", "vector_flops_per_s", "l2_bytes", "l2_bytes_per_s", "max_blocks_per_sm",
                 "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "tensor_achievable_fraction", "registers_per_sm",
                 "mma_sync_operands_serial", "fp8_matmul_flops_per_s", "has_wgmma",
-                "warp_instructions_per_clk_per_sm")
+                "warp_instructions_per_clk_per_sm", "dependent_issue_cycles")
 # Only the HBM2e differs.
 DIFFERENT_FROM_40GB = ("hbm_bytes_per_s", "hbm_capacity_bytes")
 # Measured on each part by the same microbenchmark (gpu-benches' STREAM triad): 1759 / 2039 and 1360 / 1555;

@@ -173,8 +173,8 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
                                        "instruction_issue", "l2_sectors", "serial_softmax", "registers",
                                        "mma_operands",
                                        "sm_pipes", "pipe_sharing", "xu_tensor_serial", "wgmma_full_rate",
-                                       "mma_sync_pipes", "block_dispatch", "l2_hit_latency", "l2_dirty_limit", "host",
-                                       "sdpa_call")]
+                                       "mma_sync_pipes", "block_dispatch", "l2_hit_latency", "l2_dirty_limit",
+                                       "fixed_chain", "host", "sdpa_call")]
     for p in doc["points"]:
         abl = p["ablation_time_s"]
         assert list(abl) == labels + ["all off"]
@@ -199,7 +199,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     errs = [(p["ablation_time_s"]["all off"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
     ablation = text[text.index("ablation: signed median"):]          # the ablation table, after the report
     row = next(line for line in ablation.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
-    assert len(row.split()) == 3 + 1 + 20 + 1          # family, the model, each effect off, all off
+    assert len(row.split()) == 3 + 1 + 21 + 1          # family, the model, each effect off, all off
     assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
 
 
@@ -471,12 +471,15 @@ def test_two_resident_fa2_forward_blocks_take_1_7x_one_as_measured(tmp_path, cap
     """mma_sync_pipes against the measured one-wave set (H100, 2026-11-26): two resident FA2 forward
     blocks an SM (each with one warp on each of the SM's four schedulers) take 1.67-1.71x one
     block's time at head dim 128, N >= 1536; one pipe an SM says 2x, the two pipes 1.70x (the
-    tensor pipe's mma.sync + ldmatrix is 85% of a block's step: 2 x 0.85 = 1.70)."""
+    tensor pipe's mma.sync + ldmatrix is 85% of a block's step: 2 x 0.85 = 1.70), a little less
+    where a block's fixed chain (fixed_chain: a wait, which the other block's work hides) is a
+    larger part of it: 1.673 at N = 1536, 1.697 at 16896; at N = 512 1.637 against 1.633 measured."""
     ratios = _one_wave_ratios(tmp_path / "on.json", capsys)
     assert sorted(ratios) == [512, 1536, 4224, 8448, 16896]
     for n, (predicted, measured) in ratios.items():
         if n >= 1536:
-            assert 1.66 < measured < 1.72 and predicted == pytest.approx(1.70, abs=0.01)
+            assert 1.66 < measured < 1.72 and 1.66 < predicted < 1.70 and abs(predicted - measured) < 0.035
+    assert ratios[512][0] == pytest.approx(ratios[512][1], abs=0.01)
     for n, (predicted, _) in _one_wave_ratios(tmp_path / "off.json", capsys, "--without", "mma_sync_pipes").items():
-        if n >= 1536:      # (the two blocks' first loads wait their latency together: 1.98x at N = 1536)
-            assert 1.97 < predicted <= 2.0
+        if n >= 1536:      # (less the fixed chain the other block hides: 1.94x at N = 1536)
+            assert 1.93 < predicted <= 2.0 and predicted > ratios[n][0] + 0.2
