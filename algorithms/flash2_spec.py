@@ -34,7 +34,8 @@ FA2_KERNEL_REGISTERS_PER_THREAD = 255
 # (h100-ncu-short.json, N = 128 and 256): F = 519; 128, 3,257 at 2 steps (N = 128, 128 x 64 tiles)
 # and 78,897 at 64 (N = 4096, h100-ncu-kernels.json): F = 817; 256 (64 x 64 tiles), 59,536 at 64
 # steps (h200-ncu-pipes.json) and 61,368 at 66 (N = 4224, h100-ncu-one-wave.json): F = 912.
-# Other head dims: not measured (0).
+# Other head dims: not measured (0). Counted in the sm90 build PyTorch 2.11 vendors; used on the
+# A100 too, whose sm80 build was not measured.
 FA2_FWD_FIXED_INSTRUCTIONS = {64: 519, 128: 817, 256: 912}
 
 

@@ -262,7 +262,8 @@ def spill_note(points: list[Point], panels: list[str]) -> str:
     if not spill:
         return ""
     worst = max(p.run["global_write_bytes_from_sm"] / p.predicted["global_write_bytes"] for p in spill)
-    rest = [p for p in points if p not in spill]
+    spilled_ids = {id(p) for p in spill}
+    rest = [p for p in points if id(p) not in spilled_ids]
     text = (f"register spills: {len(spill)} of {len(points)} point(s) stored more from the SMs than the kernel's "
             f"output (up to {worst:.0f}x the predicted stores: local memory, which hbmsim does not count)")
     if rest:
