@@ -116,6 +116,8 @@ def parser():
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
+    if any(m < 1 for m in a.sizes_mib):
+        parser().error(f"--sizes-mib: {min(a.sizes_mib)} MiB; each size must be at least 1 MiB")
     if a.summarise:
         import json
         import sys
@@ -123,7 +125,10 @@ def main(argv=None) -> int:
         from .library_nsight import ncu_device, summarise_ncu_raw
         if not a.out:
             parser().error("--summarise needs --out FILE")
-        text = Path(a.summarise).read_text()
+        try:
+            text = Path(a.summarise).read_text()
+        except OSError as err:
+            parser().error(f"--summarise: {a.summarise!r}: {err.strerror}")
         doc = document(summarise_ncu_raw(text), Path(a.summarise).name, [g for g in [ncu_device(text)] if g],
                        " ".join(["python -m hbmsim.kernels.store_retention", *(argv or sys.argv[1:])]))
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")

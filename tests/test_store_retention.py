@@ -28,3 +28,16 @@ def test_retention_rows_by_hand(tmp_path):
     doc = S.document(kernels, "x.csv", ["NVIDIA H100 80GB HBM3"], "python -m hbmsim.kernels.store_retention ...")
     assert doc["source"] == "measured" and doc["retention"] == rows and doc["runs"][0]["kernels"] == kernels
     json.dumps(doc)
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    """A raw page that is not there, or a size under 1 MiB: one line naming it, exit 2 (no GPU needed)."""
+    import pytest
+    for argv, said in ((["--summarise", str(tmp_path / "none.csv"), "--out", str(tmp_path / "x.json")],
+                        "none.csv': No such file or directory"),
+                       (["--sizes-mib", "0", "4"], "--sizes-mib: 0 MiB; each size must be at least 1 MiB")):
+        with pytest.raises(SystemExit) as stop:
+            S.main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert said in err[-1] and err[-1].startswith("python -m hbmsim.kernels.store_retention: error:")
