@@ -25,9 +25,10 @@ ZERO_OK_FIELDS = ("l2_bytes", "l2_bytes_per_s", "hbm_stream_fraction", "tensor_a
                   "mma_sync_fraction", "sfu_ops_per_clk_per_sm", "registers_per_sm", "mma_sync_operands_serial",
                    "fp8_matmul_flops_per_s", "has_wgmma", "warp_instructions_per_clk_per_sm", "block_dispatch_s",
                    "l2_hit_latency_s", "l2_dirty_fraction", "dependent_issue_cycles")
-# Fractions of a peak: at most 1.
-FRACTION_FIELDS = ("hbm_stream_fraction", "tensor_achievable_fraction", "mma_sync_fraction",
-                   "mma_sync_operands_serial", "l2_dirty_fraction")
+# Fractions: at most 1 (field -> of what, for the error).
+FRACTION_FIELDS = {"hbm_stream_fraction": "of a peak", "tensor_achievable_fraction": "of a peak",
+                   "mma_sync_fraction": "of a peak", "mma_sync_operands_serial": "of a peak",
+                   "l2_dirty_fraction": "of the L2's bytes"}
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,10 @@ class GPU:
             if value > 0 and value / self.sm_count < sys.float_info.min:
                 raise HbmsimError(f"{where}: field '{per_sm}' = {value!r} is too small: split over sm_count = "
                                   f"{self.sm_count} SMs it underflows below {sys.float_info.min!r}")
-        for f in FRACTION_FIELDS:
+        for f, of_what in FRACTION_FIELDS.items():
             if getattr(self, f) > 1:
-                what = "of the L2's bytes" if f == "l2_dirty_fraction" else "of a peak"
-                raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 (a fraction {what})")
+                raise HbmsimError(f"{where}: field '{f}' = {getattr(self, f)!r} must be at most 1 "
+                                  f"(a fraction {of_what})")
         if self.l2_sector_request_bytes < 32:
             raise HbmsimError(f"{where}: field 'l2_sector_request_bytes' = {self.l2_sector_request_bytes!r} "
                               "must be at least 32 (a request moves a whole 32-byte sector)")
