@@ -14,8 +14,9 @@ from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
 from . import flash2_rawkernel_tc as tc
 from .flash2_teaching import TEACHING, teaching_forward_io, teaching_mapping
-from .flash2_splitkv import (MAX_SPLITS, SPLITKV_BLOCK_M, SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward,
-                             flash2_splitkv_io, packed, resolve_pack, splitkv_block_n, splitkv_steps)
+from .flash2_splitkv import (COMBINE_FIXED_INSTRUCTIONS, MAX_SPLITS, SPLITKV_BLOCK_M, SPLITKV_FIXED_INSTRUCTIONS,
+                             SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward, flash2_splitkv_io, packed,
+                             resolve_pack, splitkv_block_n, splitkv_steps)
 from .io_formulas import flash2_backward_io, flash2_forward_io
 from .paged import check_page_size
 from .registry import AlgorithmSpec, register
@@ -246,7 +247,8 @@ def _q_tile_rows(m: Flash2Blocks, wl: Workload, unclipped: int, block_q: int) ->
 def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     """`fast`: inner loops longer than common.COARSE_ABOVE_TILES tiles run several tiles a step."""
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
-    fixed = FA2_FWD_FIXED_INSTRUCTIONS.get(wl.head_dim, 0) if m.variant == FA2_KERNEL else 0
+    kernel = m.variant == FA2_KERNEL        # FA2's own kernels: their fixed instructions as Nsight counted them
+    fixed = FA2_FWD_FIXED_INSTRUCTIONS.get(wl.head_dim, 0) if kernel else 0
     # rows each block computes (0: its own; a mapping built unresolved)
     tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows
     if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
@@ -257,7 +259,10 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         wl, data = kernel_workload(wl, m, data)
         if uses_splitkv(m):
             return flash2_splitkv_forward(wl, m.block_q, m.block_kv, m.num_splits, data, new_tokens, m.warps,
-                                          fast, regs, tile_rows=tile_rows, fixed_chain=m.variant == FA2_KERNEL)
+                                          fast, regs, tile_rows=tile_rows,
+                                          fixed_instructions=(SPLITKV_FIXED_INSTRUCTIONS.get(wl.head_dim, 0),
+                                                              COMBINE_FIXED_INSTRUCTIONS.get(wl.head_dim, 0))
+                                          if kernel else (0, 0))
     even = not wl.causal               # every block's loop as long (common.tiles_per_step)
     fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
     if training:

@@ -175,14 +175,15 @@ def kv_group_of(wl: Workload, g: int) -> int:
 def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits: int,
                            data: AttentionData | None = None, kv_append: int = 0, warps: int = SPLITKV_WARPS,
                            fast: bool = False, registers_per_thread: int = 0, tile_rows: int = 0,
-                           fixed_chain: bool = False) -> Program:
+                           fixed_instructions: tuple = (0, 0)) -> Program:
     """The split kernel (+ the combine kernel when num_splits > 1) on `wl`, the workload the
     kernel sees (already packed where packing applies). `kv_append`: how many new tokens (the
     last rows of K and V) the split kernel appends from K_new / V_new (0: none). `fast`: a
     split's loop of more than common.COARSE_ABOVE_TILES tiles runs several a step. `tile_rows`: the
     rows the kernel's tile computes (Flash2Blocks.q_tile_rows, 64; 0: each block's own rows).
-    `fixed_chain`: FA2's own kernels (variant fa2-kernel): each block ends with its warps' fixed
-    instructions as a dependent chain (SPLITKV_/COMBINE_FIXED_INSTRUCTIONS at this head dim)."""
+    `fixed_instructions`: a warp's instructions run once a block (the compiled kernels', counted by
+    Nsight: SPLITKV_/COMBINE_FIXED_INSTRUCTIONS; 0: not known), the split kernel's and the combine
+    kernel's, each block's run after its work as a dependent chain (context.chain)."""
     if num_splits < 1 or num_splits > MAX_SPLITS:
         raise HbmsimError(f"flash2: num_splits = {num_splits} must be 1..{MAX_SPLITS} (FA2's split-KV kernel)")
     if wl.dropout > 0:
@@ -208,7 +209,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
     scale = wl.softmax_scale
     all_cols = slice(0, d)
     per_split = math.ceil(math.ceil(nk / block_kv) / num_splits)
-    fixed = SPLITKV_FIXED_INSTRUCTIONS.get(d, 0) if fixed_chain else 0
+    fixed, combine_fixed = fixed_instructions
     step_tiles = tiles_per_step(per_split) if fast else 1
 
     def outputs_of(g, s):
@@ -280,8 +281,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
                        allocs=allocs, tensor_op=MMA_SYNC, period=num_splits * tm, threads_per_block=32 * warps,
                        registers_per_thread=registers_per_thread)]
     if split:
-        launches.append(combine_launch(wl, num_splits, O_acc, L_acc, O, LSE, numeric,
-                                       COMBINE_FIXED_INSTRUCTIONS.get(d, 0) if fixed_chain else 0))
+        launches.append(combine_launch(wl, num_splits, O_acc, L_acc, O, LSE, numeric, combine_fixed))
     return Program("flash2_splitkv_forward", launches, inputs=tuple(tensors.values()) + tuple(new.values()),
                    outputs={"O": O, "lse": LSE})
 
