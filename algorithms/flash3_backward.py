@@ -187,6 +187,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         released = [ctx.event() for _ in steps]
         finished = [0] * len(steps)
         acc = {"dk": np.zeros((nc, d)) if numeric else None, "dv": np.zeros((nc, d)) if numeric else None}
+        pds = ctx.barrier(warpgroups)          # the PdS named barrier of every MMA thread (bwd_step)
 
         def producer():
             for s_i, (r0, r1, _tiles) in enumerate(steps):
@@ -217,11 +218,19 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 # score each) through shared memory's 128 B/clk, before the next GEMM is issued
                 yield from ctx.compute(vector_flops=ds_ops // warpgroups,
                                        sram_bytes=stored_tiles * n * nc * e // warpgroups)
-                # dV += P^T dO, dK += dS^T Q, dQ = dS K (6 n nc d FLOPs): their wgmma operand reads
-                # (P and dS from registers or from the stored tiles, dO, Q, K again); dQ's fp32 tile
-                # (4 n d bytes) staged while dK's GEMM runs, and read back by the TMA reduce-add
-                yield from ctx.compute(matmul_flops=6 * n * nc * d // warpgroups,
-                                       sram_bytes=round((dkv_bytes + dq_bytes + (2 * 4 * n * d if dq_staged else 0))
+                # dV += P^T dO (2 n nc d FLOPs), issued before the barrier, its operand reads (P from
+                # registers or the stored tile, dO) half the dV and dK GEMMs' (bwd_gemm_operand_bytes)
+                yield from ctx.compute(matmul_flops=2 * n * nc * d // warpgroups,
+                                       sram_bytes=round(dkv_bytes / 2 / warpgroups))
+                # NamedBarrier::sync(NumMmaThreads, PdS): every consumer warpgroup has stored its part of
+                # dS before any issues the dQ GEMM that reads all of it, so the warpgroups meet once a
+                # step and their softmax phases run together, not under each other's GEMMs
+                yield from pds.sync()
+                # dK += dS^T Q, dQ = dS K (4 n nc d FLOPs): their wgmma operand reads (dS from registers
+                # or the stored tile, Q, K again); dQ's fp32 tile (4 n d bytes) staged while dK's GEMM
+                # runs, and read back by the TMA reduce-add
+                yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
+                                       sram_bytes=round((dkv_bytes / 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0))
                                                         / warpgroups))
                 finished[s_i] += 1
                 if finished[s_i] < warpgroups:

@@ -60,6 +60,29 @@ class LaunchState:
             self.drained.succeed()
 
 
+class NamedBarrier:
+    """A barrier of `parties` warp roles, reused: the last to reach it releases the others, and
+    the next round starts afresh (as bar.sync's count resets once every thread has arrived)."""
+
+    __slots__ = ("parties", "arrived", "_flag", "_event")
+
+    def __init__(self, flag, parties: int):
+        self.parties, self.arrived, self._flag, self._event = parties, 0, flag, None
+
+    def sync(self):
+        if self.parties <= 1:
+            return
+        self.arrived += 1
+        if self._event is None:
+            self._event = self._flag()
+        event = self._event
+        if self.arrived == self.parties:          # the last one in: release this round, start the next
+            self.arrived, self._event = 0, None
+            event.succeed()
+            return
+        yield event
+
+
 def _span(s: slice, limit: int, what: str, tensor: Tensor) -> int:
     if s.start is None or s.stop is None or not (0 <= s.start < s.stop <= limit):
         raise HbmsimError(f"tensor {tensor.name}: {what} slice {s.start}:{s.stop} outside 0:{limit}")
@@ -329,6 +352,12 @@ class MachineContext:
         """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
         `yield` it to wait, `.succeed()` it (once) to release the waiters."""
         return self._flag()
+
+    def barrier(self, parties: int):
+        """A named barrier of `parties` warp roles of this block (bar.sync: CUTLASS's
+        NamedBarrier::sync over their threads), reused step after step: `yield from b.sync()`.
+        Off (named_barriers effect), a role never waits at it."""
+        return NamedBarrier(self._flag, parties if self._m.model.named_barriers else 1)
 
     def steady_loop(self, first: int, last: int):
         """A handle on this block's loop of alike iterations `first`..`last` (loop_fold.py): `j =

@@ -120,6 +120,11 @@ class BlockContext(Protocol):
         """A fresh event for roles to meet at (a barrier, a buffer-full or buffer-empty flag):
         `yield` it to wait, `.succeed()` it to release the waiters."""
 
+    def barrier(self, parties: int):
+        """A named barrier of `parties` warp roles of this block (bar.sync over their threads), used
+        step after step: each role's `yield from b.sync()` returns once all `parties` have reached it
+        (the named_barriers effect; off, a role passes it without waiting)."""
+
     def steady_loop(self, first: int, last: int):
         """A handle on this block's loop of alike iterations `first`..`last`: `j =
         loop.next(j)` at the top of iteration j returns the iteration to run, j or (fast mode, a

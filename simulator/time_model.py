@@ -150,6 +150,13 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   warp's instruction every 4.2 cycles over N = 4096 and 5.2 at N = 128 (Nsight,
   h100-ncu-kernels.json, h100-ncu-short.json): short blocks are latency-bound. Off, or 0: the
   fixed work is only what the program's compute calls count.
+- named_barriers: a program's named barriers between the warp roles of a block (ctx.barrier: bar.sync
+  over their threads, CUTLASS's NamedBarrier::sync) hold each role until all have reached them.
+  FlashAttention-3's backward (hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp, bwd_step, commit 0251105a)
+  syncs every MMA thread once a step, after each consumer warpgroup has stored its part of dS and
+  issued dV's GEMM, before the dQ GEMM that reads all of dS: the warpgroups meet every step, so
+  their softmax phases run at the same time and not under each other's GEMMs. Off: the roles meet
+  only where the program's own events (buffer slots) make them.
 - host: a pass's time is what a stopwatch around it sees (host.py): the kernels behind the
   host's framework dispatch and kernel launches, with the launch queue letting the host run
   ahead; short passes of small kernels wait for the host. Off: the kernels' device time alone
@@ -211,6 +218,7 @@ class TimeModel:
     l2_hit_latency: bool = True
     l2_dirty_limit: bool = True
     fixed_chain: bool = True
+    named_barriers: bool = True
     host: bool = True
     sdpa_call: bool = True
     # the host's fields (host.HostSpec) measured by `hbmsim microbench --host` (host_from_measured);

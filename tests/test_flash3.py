@@ -361,15 +361,17 @@ def test_the_serial_bound_script_by_hand(capsys):
 # (4 x 80 x 64): 2 x 36,864 elements = 147,456 bytes; dQ^T reads K^T (256 x 80) and dS^T 4 times
 # (4 x 64 x 80): 81,920 bytes. A staged dQ tile (fp32) is written and read back (TMA): 2 x 4 x n x d.
 # FlashAttention's own config search counts the same (flash_attn/cute/sm90_config_search.py, _mma_traffic).
-@pytest.mark.parametrize("d, n_q, n_kv, stored, sdp_bytes, rest_bytes, dq_staged",
-                         [(64, 128, 128, 1, 98_304, 65_536 + 65_536, True),
-                          (256, 64, 80, 2, 212_992, 147_456 + 81_920, False)])
-def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_bytes, rest_bytes, dq_staged):
+@pytest.mark.parametrize("d, n_q, n_kv, stored, sdp_bytes, dkv_bytes, dq_bytes, dq_staged",
+                         [(64, 128, 128, 1, 98_304, 65_536, 65_536, True),
+                          (256, 64, 80, 2, 212_992, 147_456, 81_920, False)])
+def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_bytes, dkv_bytes, dq_bytes,
+                                                     dq_staged):
     """One block, one step of the main backward kernel: each consumer warpgroup's GEMMs, then P's exps,
-    then dS = P o (dP - D) on the FP32 lanes with its stores to shared memory, then the last three
-    GEMMs (FA3's bwd_step order). Head dim 64 feeds dV and dK from registers and stages dQ in shared
-    memory; 256 stores P and dS and adds dQ from registers. The SM's busy time is the calls' sum, and
-    the shared-memory bytes are every wgmma's operand reads (by hand above) and the stored tiles."""
+    then dS = P o (dP - D) on the FP32 lanes with its stores to shared memory, then dV's GEMM, the
+    named barrier of both warpgroups, then dK's and dQ's GEMMs (FA3's bwd_step order). Head dim 64
+    feeds dV and dK from registers and stages dQ in shared memory; 256 stores P and dS and adds dQ
+    from registers. The SM's busy time is the calls' sum, and the shared-memory bytes are every
+    wgmma's operand reads (by hand above; dV's GEMM reads half of dV's and dK's) and the stored tiles."""
     from hbmsim.algorithms.backward_common import bwd_vector_flops
     from hbmsim.simulator.time_model import WGMMA, SmRates
     wl = Workload(1, 1, n_q, n_kv, d, dtype="fp16")
@@ -383,7 +385,8 @@ def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_b
         (4 * n * nc * d // wgs, 0, 0, sdp_bytes // wgs),
         (0, (vec - 2 * n * nc) // wgs, n * nc // wgs, 0),
         (0, 2 * n * nc // wgs, 0, stored * n * nc * e // wgs),
-        (6 * n * nc * d // wgs, 0, 0, (rest_bytes + (2 * 4 * n * d if dq_staged else 0)) // wgs)]
+        (2 * n * nc * d // wgs, 0, 0, dkv_bytes // 2 // wgs),
+        (4 * n * nc * d // wgs, 0, 0, (dkv_bytes // 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0)) // wgs)]
     rates = SmRates(H100, TimeModel())
     by_hand_s = wgs * sum(sum(rates.compute_s(WGMMA, *c)) for c in calls)
     assert main.compute_busy_s == pytest.approx(by_hand_s, rel=1e-9)

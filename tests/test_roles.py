@@ -141,3 +141,29 @@ def test_fp8_wgmma_overlaps_as_fp16_wgmma_does():
     (tiny GPU without an FP8 rate: the fp16 peak, so the same 2.2 us when handed over)."""
     from hbmsim.simulator.time_model import WGMMA_FP8
     assert simulate(tiny_gpu(), handed_over(WGMMA_FP8), model=MODEL).time_s == pytest.approx(2.2e-6, rel=1e-9)
+
+
+def barrier_rounds() -> Program:
+    """Two roles meet at a named barrier twice (ctx.barrier, reused): A waits 100 ns, meets B, waits
+    300 ns; B waits 300 ns, meets A, waits 100 ns (ctx.chain: 1 cycle an instruction at 1 GHz, no pipe).
+    With the barrier: the first meeting at 300 ns, A's second round starts at 600 and B's at 400, the
+    second meeting at 700, A ends at 1,000 ns. Without it each role runs its 800 ns alone."""
+    def block(ctx, _):
+        meet = ctx.barrier(2)
+
+        def role(before: int, after: int):
+            for _ in range(2):
+                yield from ctx.chain(before)
+                yield from meet.sync()
+                yield from ctx.chain(after)
+        ra, rb = ctx.fork(role(100, 300)), ctx.fork(role(300, 100))
+        yield ra
+        yield rb
+    return Program("barrier", [Launch("k", 1, 0, block, tensor_op=WGMMA)])
+
+
+def test_a_named_barrier_holds_each_role_until_all_have_reached_it_every_round():
+    gpu = tiny_gpu(dependent_issue_cycles=1)
+    assert simulate(gpu, barrier_rounds(), model=MODEL).time_s == pytest.approx(1000e-9, rel=1e-9)
+    unsynchronised = MODEL.off("named_barriers")
+    assert simulate(gpu, barrier_rounds(), model=unsynchronised).time_s == pytest.approx(800e-9, rel=1e-9)

@@ -174,7 +174,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
                                        "mma_operands",
                                        "sm_pipes", "pipe_sharing", "xu_tensor_serial", "wgmma_full_rate",
                                        "mma_sync_pipes", "block_dispatch", "l2_hit_latency", "l2_dirty_limit",
-                                       "fixed_chain", "host", "sdpa_call")]
+                                       "fixed_chain", "named_barriers", "host", "sdpa_call")]
     for p in doc["points"]:
         abl = p["ablation_time_s"]
         assert list(abl) == labels + ["all off"]
@@ -192,6 +192,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
         assert abl["without l2_hit_latency"] == p["predicted_time_s"]       # not measured on an A100: 0
         assert abl["without l2_dirty_limit"] == p["predicted_time_s"]       # not measured on an A100: 0
         assert abl["without sdpa_call"] == p["predicted_time_s"]            # the paper's harness calls FA2 itself
+        assert abl["without named_barriers"] == p["predicted_time_s"]       # FA3's backward meets its warpgroups
         assert abl["without achievable_tensor"] < p["predicted_time_s"]
         assert abl["all off"] < p["predicted_time_s"]
         # the host's dispatch and launches before the first kernel of each pass are on the stopwatch
@@ -199,7 +200,7 @@ def test_ablation_simulates_each_effect_off(tmp_path, capsys):
     errs = [(p["ablation_time_s"]["all off"] - p["measured_time_s"]) / p["measured_time_s"] for p in doc["points"]]
     ablation = text[text.index("ablation: signed median"):]          # the ablation table, after the report
     row = next(line for line in ablation.splitlines() if line.startswith("fa2 a100-sxm4-80gb forward+backward"))
-    assert len(row.split()) == 3 + 1 + 21 + 1          # family, the model, each effect off, all off
+    assert len(row.split()) == 3 + 1 + 22 + 1          # family, the model, each effect off, all off
     assert row.split()[-1] == f"{100 * statistics.median(errs):+.0f}%"
 
 
