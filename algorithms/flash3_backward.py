@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from hbmsim.simulator import HbmsimError, Launch, Program
-from hbmsim.simulator.time_model import WGMMA
+from hbmsim.simulator.time_model import FP32, INSTRUCTIONS, WGMMA
 
 from .backward_common import bwd_ds_flops, bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
@@ -132,17 +132,26 @@ def bwd_gemm_operand_bytes(t: BwdTraits, rows: float, cols: int, d: int, tiles: 
 
 def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
                     stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
-                    tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True) -> Program:
-    """flash3's forward, then its backward with bwd_blocks (block_q, block_kv)."""
+                    tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True,
+                    instructions_per_score: float = 0.0) -> Program:
+    """flash3's forward, then its backward with bwd_blocks (block_q, block_kv); `instructions_per_score`
+    as flash3_backward's."""
     fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
                          registers_per_thread, pv_is_rs)
-    bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1])
+    bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1],
+                                 instructions_per_score)
     return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
 
 
 def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
-                    stages_do: int = 2, warpgroups: int = 2, q_step: int = 1) -> tuple:
-    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}."""
+                    stages_do: int = 2, warpgroups: int = 2, q_step: int = 1,
+                    instructions_per_score: float = 0.0) -> tuple:
+    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `instructions_per_score`
+    (a kernel whose count Nsight measured: flash3_spec.CUDNN_BWD_INSTRUCTIONS_PER_SCORE; 0: FA3's
+    counted operations): the main kernel's warp instructions a score, all issued in the step's
+    softmax phase, the warpgroups being off the tensor pipe there (the PdS barrier), at the warp
+    schedulers' rate (Launch.vector_work "instructions": the vector count is instructions x 32
+    lanes, as PyTorch's counted kernels')."""
     fa2, grads = flash2_backward(wl, fwd, block_q, block_kv, data, warps=8, q_step=q_step)
     pre, fa2_main, convert, *sums = fa2
     dO, D, dQacc = pre.allocs
@@ -211,9 +220,11 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                                        sram_bytes=round(sdp_bytes / warpgroups))
                 # P = exp2(S scale - lse) (its share of the rows): the recomputation's vector work
                 # (bwd_vector_flops less dS's) and every exp
-                ds_ops = bwd_ds_flops(n, nc)
-                yield from ctx.compute(vector_flops=(bwd_vector_flops(wl, n, nc) - ds_ops) // warpgroups,
-                                       exp_ops=n * nc // warpgroups)
+                # (a measured kernel: all of its instructions a score, 32 lanes each, issued here)
+                ds_ops = 0 if instructions_per_score else bwd_ds_flops(n, nc)
+                p_ops = round(32 * instructions_per_score * n * nc) if instructions_per_score else \
+                    bwd_vector_flops(wl, n, nc) - ds_ops
+                yield from ctx.compute(vector_flops=p_ops // warpgroups, exp_ops=n * nc // warpgroups)
                 # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (e bytes a
                 # score each) through shared memory's 128 B/clk, before the next GEMM is issued
                 yield from ctx.compute(vector_flops=ds_ops // warpgroups,
@@ -252,7 +263,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     main_launch = Launch("flash3_bwd", g_count * tc, flash3_bwd_sram_bytes(wl, block_q, block_kv, stages_do), main,
                          allocs=(dK, dV), pass_name="backward", tensor_op=WGMMA,
                          period=row_blocks_period(wl, block_kv, nk), threads_per_block=128 * (warpgroups + 1),
-                         host_ops=0)
+                         host_ops=0, vector_work=INSTRUCTIONS if instructions_per_score else FP32)
     renamed = [dataclasses.replace(pre, name="flash3_bwd_preprocess"), main_launch,
                dataclasses.replace(convert, name="flash3_bwd_convert_dq")]
     return renamed + sums, grads

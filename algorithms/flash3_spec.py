@@ -28,7 +28,17 @@ from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
 from .workload import AttentionData, Workload
 
-FA3_KERNEL, FP8 = "fa3-kernel", "fp8"
+FA3_KERNEL, FP8, CUDNN = "fa3-kernel", "fp8", "cudnn-sm90"
+# cudnn-sm90: torch's cuDNN attention on sm90 (a warp-specialised TMA + wgmma kernel of the same family,
+# its tiles and schedule cuDNN's own), run as FA3's program with one trait of its own measured: its
+# backward main kernel's warp instructions a score, all issued while its lock-stepped warpgroups are
+# off the tensor pipe (the backward's step: flash3_backward.py). Nsight Compute 2025.3.1 on the
+# kernel cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_* at N = 4096, batch-heads
+# 128 and 64: smsp__inst_executed.sum / (batch-heads x N^2), the same on an H100 and an H200
+# (scenarios/measured/h100-ncu-pipes.json, h200-ncu-pipes.json); there the kernel's cycles off the
+# tensor pipe, 0.154 and 0.168 a score, are 93% and 103% of these instructions at 4 an SM-clock.
+# Other head dims were not measured: FA3's FP32 counting.
+CUDNN_BWD_INSTRUCTIONS_PER_SCORE = {64: 0.5727, 128: 0.6959}
 FA3_STAGES = 2               # kStages on sm90 (flash_fwd_launch_template.h line 47)
 MAX_HEAD_DIM = 256           # the largest head dim FA3's sm90 kernels are built for
 REGISTERS_PER_SM = 65_536    # with MinBlocksPerMultiprocessor = 1 the compiler may give a thread this / threads
@@ -39,8 +49,10 @@ class Flash3Blocks:
     """flash3's mapping: the forward's block_q x block_kv, the backward's, the K/V ring's stages,
     each a number or "auto" (the FA3 kernel's own choice); pv_in_registers: whether the forward's
     P V GEMM takes P from registers (MmaPV_is_RS) or from shared memory, true, false or "auto"
-    (the kernel's rule, fa3_forward_tiles). variant "fa3-kernel" (fp16/bf16 as the workload says)
-    or "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype)."""
+    (the kernel's rule, fa3_forward_tiles). variant "fa3-kernel" (fp16/bf16 as the workload says),
+    "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN
+    attention on sm90 as FA3's program with its backward's measured instruction count:
+    CUDNN_BWD_INSTRUCTIONS_PER_SCORE)."""
     block_q: int | str = AUTO
     block_kv: int | str = AUTO
     block_q_bwd: int | str = AUTO
@@ -151,9 +163,10 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
+        instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else 0.0
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q),
-                               pv_is_rs)
+                               pv_is_rs, instructions)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
                           _registers(m.block_q), pv_is_rs)
 
@@ -194,5 +207,5 @@ SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
     auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"), bool_fields=("pv_in_registers",),
-    variants=(FA3_KERNEL, FP8), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
+    variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

@@ -62,7 +62,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
     # Hopper's warp-specialised kernels (issue 26), simulated by the flash3 program (a GPU without TMA and
     # wgmma is refused: kernels/library_timing.make_fn skips them there, the reason in the file).
     Implementation(
-        "cudnn", "flash3", "fa3-kernel",
+        "cudnn", "flash3", "cudnn-sm90",
         timed_here="torch.nn.functional.scaled_dot_product_attention with SDPBackend.CUDNN_ATTENTION (cuDNN's "
                    "fused flash attention, cuDNN {cudnn} in torch {torch}; on sm90 a warp-specialised kernel with "
                    "TMA loads and wgmma GEMMs, as FlashAttention-3's: not FA3 itself, its tiles and schedule are "

@@ -59,7 +59,8 @@ _FA3 = (
     KernelGroup("dQ dK dV", r"FlashAttnBwdSm90|sdpa\w*bprop|bprop\w*sdpa", ("flash3_bwd",)),
     KernelGroup("convert dQ", r"FlashAttnBwdPostprocess|convert_dq_to_16bits", ("flash3_bwd_convert_dq",)),
 )
-GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH, ("flash3", "fa3-kernel"): _FA3}
+GROUPS = {("flash2", "fa2-kernel"): _FA2, ("standard", "pytorch-bench"): _PYTORCH, ("flash3", "fa3-kernel"): _FA3,
+          ("flash3", "cudnn-sm90"): _FA3}
 
 UNCLAIMED_MEASURED = "measured, not modelled"       # rows no group claims (e.g. Memset)
 UNCLAIMED_PREDICTED = "predicted, not a kernel row"  # e.g. the L2 write-back at the end of a pass

@@ -153,6 +153,16 @@ STEPS = (
          "as busy as the counted FP32 work: FP32, integer address arithmetic or conversions?); issue 23: FA2's "
          "forward at head dim 256 (predicted 18-20% slow at kernel level)",
          (("{gpu}-ncu-pipes.json", "scenarios/measured/{gpu}-ncu-pipes.json"),)),
+    Step("ncu-cudnn-bwd", 180, (
+        _ncu("cudnn", 256, "backward"), _ncu("cudnn", 64, "backward", seq_len=1024),
+        _ncu_run("ncu-cudnn-64-4096-causal-backward.csv", "--ncu", "cudnn", "64", "4096", "true", "backward"),
+        _summarise(("ncu-cudnn-256-4096-backward.csv", "ncu-cudnn-64-1024-backward.csv",
+                    "ncu-cudnn-64-4096-causal-backward.csv"), "{out}/{gpu}-ncu-cudnn-bwd.json")),
+         "issue 26: the warp instructions a score of cuDNN's sm90 backward (flash3 variant cudnn-sm90: "
+         "CUDNN_BWD_INSTRUCTIONS_PER_SCORE, counted at head dims 64 and 128, N = 4096, no mask) at head dim 256 "
+         "(predicted 26-48% fast with FA3's counting), at N = 1024 and under a causal mask (-24..-38% at N = 512: "
+         "a block's fixed instructions and the mask's)",
+         (("{gpu}-ncu-cudnn-bwd.json", "scenarios/measured/{gpu}-ncu-cudnn-bwd.json"),)),
     Step("decode", 240, ((PY, "-m", "hbmsim.kernels.library", "--decode", "--repeats", "10", "--out",
                           "{out}/{gpu}-decode-sdpa-gqa.json", "--out-kvcache", "{out}/{gpu}-decode-fa2-kvcache.json"),),
          "issue 25: decode with grouped-query heads, split-KV and paged caches",

@@ -392,3 +392,32 @@ def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_b
     assert main.compute_busy_s == pytest.approx(by_hand_s, rel=1e-9)
     assert main.sram_read_bytes == wgs * sum(c[3] for c in calls)
     assert main.vector_flops == vec and main.exp_ops == n * nc     # the counts are the program's, split not changed
+
+
+def test_cudnn_variant_issues_its_measured_instructions_in_the_softmax_phase():
+    """The cudnn-sm90 variant (torch's cuDNN attention as FA3's program): its backward main kernel
+    issues Nsight's 0.5727 warp instructions a score (head dim 64) in the step's softmax phase, 32
+    lanes each at the warp schedulers' rate (vector_work "instructions"), in place of FA3's counted
+    FP32 operations; the GEMMs, exps, stores and bytes are FA3's. One block, one step, by hand."""
+    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_INSTRUCTIONS_PER_SCORE
+    from hbmsim.simulator.time_model import INSTRUCTIONS, WGMMA, SmRates
+    d, n, nc, wgs = 64, 128, 128, 2
+    wl = Workload(1, 1, n, nc, d, dtype="fp16")
+    fa3 = simulate(H100, SPEC.build(wl, resolved(wl, training=True), None, True))
+    m = resolved(wl, training=True, variant="cudnn-sm90")
+    result = simulate(H100, SPEC.build(wl, m, None, True))
+    main = next(k for k in result.kernels if k.name == "flash3_bwd")
+    main_fa3 = next(k for k in fa3.kernels if k.name == "flash3_bwd")
+    lanes = round(32 * CUDNN_BWD_INSTRUCTIONS_PER_SCORE[64] * n * nc)
+    assert CUDNN_BWD_INSTRUCTIONS_PER_SCORE[64] == 0.5727
+    assert main.vector_flops == lanes // wgs * wgs                 # instructions x 32 lanes, not FP32 ops
+    assert (main.matmul_flops, main.exp_ops, main.sram_read_bytes) == \
+        (main_fa3.matmul_flops, main_fa3.exp_ops, main_fa3.sram_read_bytes)
+    assert counted(result, "backward") == counted(fa3, "backward")    # the same bytes, tensor by tensor
+    rates = SmRates(H100, TimeModel())
+    softmax = sum(rates.compute_s(WGMMA, 0, lanes // wgs, n * nc // wgs, 0, INSTRUCTIONS))
+    softmax_fa3 = sum(rates.compute_s(WGMMA, 0, (main_fa3.vector_flops - 2 * n * nc) // wgs, n * nc // wgs, 0))
+    softmax_fa3 += sum(rates.compute_s(WGMMA, 0, 2 * n * nc // wgs, 0, 0))
+    # the busy time differs from FA3's by the two warpgroups' softmax phases, and by nothing else
+    assert main.compute_busy_s - main_fa3.compute_busy_s == pytest.approx(wgs * (softmax - softmax_fa3), rel=1e-6)
+    assert softmax > softmax_fa3
