@@ -133,6 +133,9 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
             value = seq
         out[key] = value
     m = replace(m, **out)
+    if m.variant == CUDNN and training and wl.head_dim not in CUDNN_BWD_INSTRUCTIONS_PER_SCORE:
+        notes.append(f"variant cudnn-sm90: head_dim = {wl.head_dim} has no measured instruction count (measured: "
+                     f"{', '.join(map(str, CUDNN_BWD_INSTRUCTIONS_PER_SCORE))}); its backward counts FA3's operations")
     need = _sram_bytes(wl, m, training)
     if need > gpu.sram_bytes_per_sm:
         raise HbmsimError(f"flash3: blocks {m.block_q}x{m.block_kv} (bwd {m.block_q_bwd}x{m.block_kv_bwd}), "
@@ -200,7 +203,8 @@ def _describe(m: Flash3Blocks) -> str:
     text = f"{m.block_q}x{m.block_kv}"
     if (m.block_q_bwd, m.block_kv_bwd) != (m.block_q, m.block_kv):
         text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
-    return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" P-smem" if m.pv_in_registers is False else "")
+    return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" cudnn" if m.variant == CUDNN else "") \
+        + (" P-smem" if m.pv_in_registers is False else "")
 
 
 SPEC = register(AlgorithmSpec(

@@ -421,3 +421,13 @@ def test_cudnn_variant_issues_its_measured_instructions_in_the_softmax_phase():
     # the busy time differs from FA3's by the two warpgroups' softmax phases, and by nothing else
     assert main.compute_busy_s - main_fa3.compute_busy_s == pytest.approx(wgs * (softmax - softmax_fa3), rel=1e-6)
     assert softmax > softmax_fa3
+
+
+def test_cudnn_variant_says_where_it_has_no_count():
+    """Head dims Nsight did not count (256) keep FA3's counting, and the run says so in a note."""
+    wl = Workload(1, 8, 1024, 1024, 256, dtype="fp16")
+    m, notes = SPEC.resolved(H100, wl, SPEC.mapping_type(variant="cudnn-sm90"), True)
+    assert notes == ("variant cudnn-sm90: head_dim = 256 has no measured instruction count (measured: 64, 128); "
+                     "its backward counts FA3's operations",)
+    assert SPEC.describe(m).endswith(" cudnn")
+    assert SPEC.resolved(H100, Workload(1, 8, 1024, 1024, 128, dtype="fp16"), m, True)[1] == ()
