@@ -431,3 +431,28 @@ def test_cudnn_variant_says_where_it_has_no_count():
                      "its backward counts FA3's operations",)
     assert SPEC.describe(m).endswith(" cudnn")
     assert SPEC.resolved(H100, Workload(1, 8, 1024, 1024, 128, dtype="fp16"), m, True)[1] == ()
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_cudnn_instruction_counts_are_nsights(gpu):
+    """CUDNN_BWD_INSTRUCTIONS_PER_SCORE read off the shipped Nsight files: cuDNN's sm90 backward
+    main kernel's warp instructions over its scores (batch-heads x N^2, the batch-heads from its
+    wgmma FLOPs: 10 N^2 d each), N = 4096, the same on both GPUs; and off the tensor pipe the kernel
+    spends 93-103% of those instructions at 4 an SM-clock (validation.md)."""
+    import json
+
+    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_INSTRUCTIONS_PER_SCORE
+    from hbmsim.scenarios.published import MEASURED_DIR
+    doc = json.loads((MEASURED_DIR / f"{gpu}-ncu-pipes.json").read_text())
+    for d, batch_heads, off_tensor in ((64, 128, 0.93), (128, 64, 1.03)):
+        run = next(r for r in doc["runs"] if r["file"] == f"ncu-cudnn-{d}-4096-backward.csv")
+        k = next(k for k in run["kernels"] if "bprop" in k["name"])
+        n = 4096
+        assert k["sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum"] == 10 * n * n * d * batch_heads
+        scores = batch_heads * n * n
+        per_score = k["smsp__inst_executed.sum"] / scores
+        assert round(per_score, 4) == CUDNN_BWD_INSTRUCTIONS_PER_SCORE[d]
+        assert k["launch__grid_size"] == 132                          # persistent: one CTA on each of the 132 SMs
+        cycles = k["gpu__time_duration.sum"] * 1e-9 * k["sm__cycles_elapsed.avg.per_second"] * 132     # SM-cycles
+        off = cycles / scores * (1 - k["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"] / 100)
+        assert per_score / 4 / off == pytest.approx(off_tensor, abs=0.01)
