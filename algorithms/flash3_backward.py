@@ -25,6 +25,7 @@ finishes the step last, as flash2's backward computes them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -167,15 +168,35 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     # 16-bit tiles a step stores to shared memory for the GEMMs after it: dS (the dQ GEMM's operand),
     # and P where the dV GEMM does not take it from registers
     stored_tiles = 1 if traits.mma_dkv_is_rs else 2
-    known: dict = {}
-
-    def operand_bytes(n: int, nc: int, tiles: int) -> tuple:
-        """bwd_gemm_operand_bytes of a step's shape (a few shapes, many steps: remembered)."""
-        key = (n, nc, tiles)
-        if key not in known:
-            known[key] = bwd_gemm_operand_bytes(traits, n, nc, d, tiles, e)
-        return known[key]
     dq_staged = d < 256          # dQacc_use_TMA: dQ's fp32 tile goes through shared memory to the TMA reduce-add
+
+    @functools.cache
+    def step_works(n: int, nc: int, tiles: int) -> tuple:
+        """One warpgroup's share of a step's five compute calls, in FA3's bwd_step order, for a step of
+        n query rows (`tiles` tiles) against nc keys: the same for every step of that shape, so made once."""
+        sdp_bytes, dkv_bytes, dq_bytes = bwd_gemm_operand_bytes(traits, n, nc, d, tiles, e)
+        # P's vector work: the recomputation's (bwd_vector_flops less dS's), or for a measured kernel all
+        # of its instructions a score, 32 lanes each, issued here
+        ds_ops = 0 if instructions_per_score else bwd_ds_flops(n, nc)
+        p_ops = round(32 * instructions_per_score * n * nc) if instructions_per_score else \
+            bwd_vector_flops(wl, n, nc) - ds_ops
+        return (
+            # S = Q K^T and dP = dO V^T (4 n nc d FLOPs), their operands read from shared memory by
+            # each wgmma (bwd_gemm_operand_bytes)
+            dict(matmul_flops=4 * n * nc * d // warpgroups, sram_bytes=round(sdp_bytes / warpgroups)),
+            # P = exp2(S scale - lse) (its share of the rows): P's vector work and every exp
+            dict(vector_flops=p_ops // warpgroups, exp_ops=n * nc // warpgroups),
+            # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (e bytes a score
+            # each) through shared memory's 128 B/clk, before the next GEMM is issued
+            dict(vector_flops=ds_ops // warpgroups, sram_bytes=stored_tiles * n * nc * e // warpgroups),
+            # dV += P^T dO (2 n nc d FLOPs), issued before the barrier, its operand reads (P from
+            # registers or the stored tile, dO) half the dV and dK GEMMs'
+            dict(matmul_flops=2 * n * nc * d // warpgroups, sram_bytes=round(dkv_bytes / 2 / warpgroups)),
+            # dK += dS^T Q, dQ = dS K (4 n nc d FLOPs): their operand reads (dS from registers or the
+            # stored tile, Q, K again); dQ's fp32 tile (4 n d bytes) staged while dK's GEMM runs, and
+            # read back by the TMA reduce-add
+            dict(matmul_flops=4 * n * nc * d // warpgroups,
+                 sram_bytes=round((dkv_bytes / 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0)) / warpgroups)))
     all_cols, one = slice(0, d), slice(0, 1)
 
     def main(ctx, index):
@@ -213,36 +234,16 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                 n = r1 - r0
                 yield ready[s_i]
                 q, d_o, lse, big_d = yield from ctx.wait(loads[s_i])
-                # this warpgroup's share of S = Q K^T and dP = dO V^T (4 n nc d FLOPs), its operands
-                # read from shared memory by each wgmma (bwd_gemm_operand_bytes)
-                sdp_bytes, dkv_bytes, dq_bytes = operand_bytes(n, nc, tiles)
-                yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
-                                       sram_bytes=round(sdp_bytes / warpgroups))
-                # P = exp2(S scale - lse) (its share of the rows): the recomputation's vector work
-                # (bwd_vector_flops less dS's) and every exp
-                # (a measured kernel: all of its instructions a score, 32 lanes each, issued here)
-                ds_ops = 0 if instructions_per_score else bwd_ds_flops(n, nc)
-                p_ops = round(32 * instructions_per_score * n * nc) if instructions_per_score else \
-                    bwd_vector_flops(wl, n, nc) - ds_ops
-                yield from ctx.compute(vector_flops=p_ops // warpgroups, exp_ops=n * nc // warpgroups)
-                # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (e bytes a
-                # score each) through shared memory's 128 B/clk, before the next GEMM is issued
-                yield from ctx.compute(vector_flops=ds_ops // warpgroups,
-                                       sram_bytes=stored_tiles * n * nc * e // warpgroups)
-                # dV += P^T dO (2 n nc d FLOPs), issued before the barrier, its operand reads (P from
-                # registers or the stored tile, dO) half the dV and dK GEMMs' (bwd_gemm_operand_bytes)
-                yield from ctx.compute(matmul_flops=2 * n * nc * d // warpgroups,
-                                       sram_bytes=round(dkv_bytes / 2 / warpgroups))
+                sdp, p_exps, ds_stores, dv, dk_dq = step_works(n, nc, tiles)
+                yield from ctx.compute(**sdp)
+                yield from ctx.compute(**p_exps)
+                yield from ctx.compute(**ds_stores)
+                yield from ctx.compute(**dv)
                 # NamedBarrier::sync(NumMmaThreads, PdS): every consumer warpgroup has stored its part of
                 # dS before any issues the dQ GEMM that reads all of it, so the warpgroups meet once a
                 # step and their softmax phases run together, not under each other's GEMMs
                 yield from pds.sync()
-                # dK += dS^T Q, dQ = dS K (4 n nc d FLOPs): their wgmma operand reads (dS from registers
-                # or the stored tile, Q, K again); dQ's fp32 tile (4 n d bytes) staged while dK's GEMM
-                # runs, and read back by the TMA reduce-add
-                yield from ctx.compute(matmul_flops=4 * n * nc * d // warpgroups,
-                                       sram_bytes=round((dkv_bytes / 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0))
-                                                        / warpgroups))
+                yield from ctx.compute(**dk_dq)
                 finished[s_i] += 1
                 if finished[s_i] < warpgroups:
                     continue
