@@ -63,9 +63,39 @@ def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> di
                 sram_bytes=(tiles * n + warps * nc) * d * wl.itemsize, exp_ops=n * nc + tiles * n)
 
 
+# The instruction shapes FA2's kernels are written with (kernel_traits.h): mma.sync m16n8k16
+# (SM80_16x8x16_F32F16F16F32_TN), 16 x 8 x 16 multiply-adds = 4,096 FLOPs a warp instruction; ldmatrix
+# .x4 (SM75_U32x4_LDSM_N, and SM75_U16x8_LDSM_T for V), four 8 x 8 matrices of 2-byte elements = 512
+# bytes of shared memory a warp instruction.
+MMA_SYNC_FLOPS_PER_INSTRUCTION = 4096
+LDMATRIX_BYTES_PER_INSTRUCTION = 512
+
+
+def warp_instructions(wl: Workload, step_instructions: tuple, tile_rows: int, block_kv: int, warps: int) -> tuple:
+    """The forward's warp instructions per unit of a compute call's counted work, (per GEMM FLOP, per
+    shared-memory byte, per vector operation), for the time model's warp_issue effect: the mma.sync
+    and ldmatrix ones by their shapes, and the rest of what Nsight counted a step (`step_instructions`
+    = (rows, keys, warps, a warp's instructions a K/V step): the softmax, masking and address
+    arithmetic) shared over the step's vector operations, the S call's. (): the tile or warps differ
+    from the counted kernel's (the count is that kernel's, not another tile's)."""
+    if not step_instructions or tuple(step_instructions[:3]) != (tile_rows, block_kv, warps):
+        return ()
+    d, e = wl.head_dim, wl.itemsize
+    qk = qk_softmax_work(wl, tile_rows, block_kv, 1, warps)
+    # a step's GEMMs, S = Q_i K_j^T and P V_j, 2 x rows x keys x d FLOPs each (multiply-add = 2);
+    # its ldmatrix reads, the S call's and P V's (every warp all of V_j)
+    flops = 2 * qk["matmul_flops"]
+    sram_bytes = qk["sram_bytes"] + warps * block_kv * d * e
+    rest = step_instructions[3] * warps - flops / MMA_SYNC_FLOPS_PER_INSTRUCTION \
+        - sram_bytes / LDMATRIX_BYTES_PER_INSTRUCTION
+    assert rest > 0, "a step's counted instructions are fewer than its mma.sync and ldmatrix ones"
+    return (1 / MMA_SYNC_FLOPS_PER_INSTRUCTION, 1 / LDMATRIX_BYTES_PER_INSTRUCTION, rest / qk["vector_flops"])
+
+
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                    warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0,
-                   teaching: bool = False, tile_rows: int = 0, fixed_instructions: int = 0) -> Program:
+                   teaching: bool = False, tile_rows: int = 0, fixed_instructions: int = 0,
+                   step_instructions: tuple = ()) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
@@ -78,7 +108,10 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     the matmuls run as FP32 FMAs (vector FLOPs). `tile_rows`: the rows the kernel's tile computes
     (Flash2Blocks.q_tile_rows; 0: each block's own rows). `fixed_instructions`: a warp's
     instructions run once a block, not a step (the compiled kernel's, counted by Nsight; 0: not
-    known), run after the loop as a dependent chain (context.chain); never a byte of traffic."""
+    known), run after the loop as a dependent chain (context.chain); never a byte of traffic.
+    `step_instructions`: (tile rows, block_kv, warps, a warp's instructions a K/V step) as Nsight
+    counted them in the compiled kernel (flash2_spec.FA2_FWD_STEP_INSTRUCTIONS; empty: not known),
+    for the time model's warp_issue effect where this kernel's tile is that one; never a byte."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -204,5 +237,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     period = row_blocks_period(wl, block_q, nq) if not teaching or teaching_aligned(wl, block_q) else 0
     launch = Launch("flash2_fwd", g_count * tr, flash2_sram_bytes(wl, block_q, block_kv), block, allocs=(O, LSE),
                     tensor_op=MMA_SYNC, period=period, threads_per_block=block_q if teaching else 32 * warps,
-                    registers_per_thread=registers_per_thread)
+                    registers_per_thread=registers_per_thread,
+                    warp_instructions=warp_instructions(wl, step_instructions, max(block_q, tile_rows), block_kv,
+                                                        warps))
     return Program("flash2_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

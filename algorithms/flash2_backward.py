@@ -98,15 +98,17 @@ def bwd_sram_read_elements(n: int, nc: int, d: int, warps: int, atoms: tuple) ->
 
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                     bwd_blocks: tuple | None = None, warps: tuple = (1, 1), tiles_per_step: tuple = (1, 1),
-                    registers_per_thread: int = 0, fixed_instructions: int = 0) -> Program:
+                    registers_per_thread: int = 0, fixed_instructions: int = 0,
+                    step_instructions: tuple = ()) -> Program:
     """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
     when given (the FA2 kernel picks the backward's blocks separately), else the same blocks.
     `warps` (forward, backward) set the shared-memory reads the time model sees (with 1 warp
     every operand is read once); they never change a byte of traffic. `tiles_per_step`
     (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers.
-    `registers_per_thread`: the compiled kernels' (0: not known), for the `registers` effect."""
+    `registers_per_thread`: the compiled kernels' (0: not known), for the `registers` effect;
+    `fixed_instructions`, `step_instructions`: the forward's (flash2_forward)."""
     fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0], registers_per_thread,
-                         fixed_instructions=fixed_instructions)
+                         fixed_instructions=fixed_instructions, step_instructions=step_instructions)
     bwd, grads = flash2_backward(wl, fwd, *(bwd_blocks or (block_q, block_kv)), data, warps=warps[1],
                                  q_step=tiles_per_step[1], registers_per_thread=registers_per_thread)
     return Program("flash2_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})

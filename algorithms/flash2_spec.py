@@ -38,6 +38,13 @@ FA2_KERNEL_REGISTERS_PER_THREAD = 255
 # Other head dims: not measured (0). Counted in the sm90 build PyTorch 2.11 vendors; used on the
 # A100 too, whose sm80 build was not measured.
 FA2_FWD_FIXED_INSTRUCTIONS = {64: 519, 128: 817, 256: 912}
+# The same counts' step part s: a forward warp's instructions a K/V step (every kind: mma.sync,
+# ldmatrix, softmax, address arithmetic), with the kernel's tile they were counted at, by head dim:
+# (tile rows, block_kv, warps, s). 64: 128 x 128 tiles, s = 3,883 - 2,201 = 1,682; 128: 128 x 64,
+# (78,897 - 3,257) / 62 = 1,220; 256: 64 x 64, (61,368 - 59,536) / 2 = 916 (the files above;
+# tests/test_fixed_chain.py reads them). For the time model's warp_issue effect; another tile or
+# head dim: not counted.
+FA2_FWD_STEP_INSTRUCTIONS = {64: (128, 128, 4, 1682), 128: (128, 64, 4, 1220), 256: (64, 64, 4, 916)}
 
 
 @dataclass(frozen=True)
@@ -249,6 +256,7 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
     regs = FA2_KERNEL_REGISTERS_PER_THREAD if m.variant == FA2_KERNEL else 0
     kernel = m.variant == FA2_KERNEL        # FA2's own kernels: their fixed instructions as Nsight counted them
     fixed = FA2_FWD_FIXED_INSTRUCTIONS.get(wl.head_dim, 0) if kernel else 0
+    step_instructions = FA2_FWD_STEP_INSTRUCTIONS.get(wl.head_dim, ()) if kernel else ()
     # rows each block computes (0: its own; a mapping built unresolved)
     tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows
     if m.variant == TEACHING:          # the teaching kernel (flash2_teaching.py): forward only
@@ -269,9 +277,10 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
-                               registers_per_thread=regs, fixed_instructions=fixed)
+                               registers_per_thread=regs, fixed_instructions=fixed,
+                               step_instructions=step_instructions)
     return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs, tile_rows=tile_rows,
-                          fixed_instructions=fixed)
+                          fixed_instructions=fixed, step_instructions=step_instructions)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:

@@ -121,8 +121,9 @@ def explain_hopper(gpu) -> str:
               "with mma.sync: mma_operands)",
               f"       + softmax, {vec2:,.0f} vector ops of which {exp2:,.0f} exps (FP32 lanes, SFU): "
               f"{softmax2_s * 1e6:.2f} us (each warp's softmax needs its S: serial_softmax)",
-              f"       = {(mma_s + operands_s + softmax2_s) * 1e6:.2f} us, one after the other (a second "
-              "resident block's softmax could run under them: mma_sync_pipes)",
+              f"       = {(mma_s + operands_s + softmax2_s) * 1e6:.2f} us, one after the other: a lone block's "
+              "chain (two resident blocks take the SM for the longer of", "         mma.sync and ldmatrix, then "
+              "all their warps' instructions at 4 a clock, one block after the other: warp_issue)",
               f"  FA3, wgmma: {gpu.matmul_flops_per_s / 1e12:.1f} TFLOP/s / {gpu.sm_count} SMs = "
               f"{1 / rates.s_per_flop[WGMMA] / 1e12:.2f} TFLOP/s an SM, the full rate (wgmma_full_rate: Nsight "
               f"Compute counts a Hopper attention kernel's wgmma at 96-98% of it while busy): {wgmma_s * 1e6:.2f} us",

@@ -22,11 +22,15 @@ class LaunchState:
     still run, and the stores (and write-backs) still draining, which the kernel waits for."""
 
     __slots__ = ("next_block", "running", "done", "stores", "drain_s", "drained", "tensor_op", "fold", "loops",
-                 "_tensors", "with_data", "vector_work")
+                 "_tensors", "with_data", "vector_work", "instructions")
 
-    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY, vector_work: str = FP32):
+    def __init__(self, env: simpy.Environment, running: int, tensor_op: str = LIBRARY, vector_work: str = FP32,
+                 instructions: tuple = ()):
         self.tensor_op = tensor_op       # the instruction driving this kernel's tensor cores (time_model.py)
         self.vector_work = vector_work   # what its vector work counts: FP32 operations or instructions
+        # its warps' instructions per unit of counted work (Launch.warp_instructions), where the
+        # warp_issue effect applies to it; else ()
+        self.instructions = instructions
         self.next_block = 0
         self.running = running
         self.done = env.event()          # the last slot has run out of blocks

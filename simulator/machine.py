@@ -43,7 +43,7 @@ from .shared_pipes import SharedPipes
 from .simpy_adapter import Inline, events_scheduled, run
 from .tensor import SECTOR_BYTES
 from .host import DEFAULT_HOST
-from .time_model import TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
+from .time_model import MMA_SYNC, TENSOR_OPS, VECTOR_WORK, SmRates, TimeModel, hbm_rate
 
 
 class Machine:
@@ -109,7 +109,18 @@ class Machine:
                                              state.vector_work)
         sm = ctx.sm
         try:
-            if tensor_op in rates.two_pipe_ops:
+            if state.instructions and matmul_flops:
+                # warp_issue: the SM's pipe for the GEMM's tensor time and then the issue of all the
+                # call's instructions, the resident blocks' calls one after another; the block itself
+                # no sooner than its own dependent chain (GEMM and ldmatrix, then the softmax)
+                per_flop, per_sram_byte, per_vector_op = state.instructions
+                work_s = rates.issue_s(matmul_flops, sram_bytes, matmul_flops * per_flop + sram_bytes * per_sram_byte
+                                       + vector_flops * per_vector_op)
+                issue_done_s = self.sms[sm].reserve(work_s, after_s)
+                start_s = after_s if after_s > self.env._now else self.env._now
+                chain_done_s = start_s + (tensor_s + vector_s if rates.serial else max(tensor_s, vector_s))
+                done_s = chain_done_s if chain_done_s > issue_done_s else issue_done_s
+            elif tensor_op in rates.two_pipe_ops:
                 # sm_pipes (mma_sync_pipes): a wgmma (mma.sync) kernel's GEMM on the tensor pipe, then
                 # (if its softmax needs the GEMM) its vector work on the vector pipe
                 tensor_done_s = self.sms[sm].reserve(tensor_s, after_s) if tensor_s else max(self.env._now, after_s)
@@ -204,7 +215,10 @@ class Machine:
         self.kernels.append(k)
         hbm0, sms0 = self._busy()
         n_workers = min(slots * self.gpu.sm_count, launch.grid)
-        state = LaunchState(env, n_workers, launch.tensor_op, launch.vector_work)
+        # warp_issue: a launch's instructions per unit of work, where the effect applies to it (time_model.py)
+        instructions = tuple(launch.warp_instructions) \
+            if launch.tensor_op == MMA_SYNC and self.rates.s_per_warp_instruction else ()
+        state = LaunchState(env, n_workers, launch.tensor_op, launch.vector_work, instructions)
         unit = fold_unit_blocks(launch.period, n_workers, launch.grid) if self.fold else 0
         if unit:
             state.fold = LaunchFold(k, unit, launch.grid, self.l2, self.hbm)

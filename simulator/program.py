@@ -35,6 +35,11 @@ class Launch:
     # "instructions", a measured instruction count x 32 lanes (PyTorch's elementwise, copy and softmax
     # kernels, from Nsight Compute), issued at the warp schedulers' rate
     vector_work: str = "fp32"
+    # the warp instructions a compute call of its blocks issues, every kind (mma, ldmatrix, softmax,
+    # address arithmetic), as (per GEMM FLOP, per shared-memory byte read, per vector operation): a
+    # kernel trait (the instruction shapes and Nsight Compute's smsp__inst_executed) for the warp_issue
+    # effect (time_model.py); (): not known
+    warp_instructions: tuple = ()
     # blocks b and b + period do the same work (the same tile shapes loaded and stored, the same
     # compute), only on another batch-head: what lets the machine fold a steady launch (fold.py);
     # 0: not declared, never folded

@@ -111,6 +111,24 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   128 (N >= 1536; predicted 1.70, one pipe 2.00) and 1.52-1.64x at 64 (predicted 1.47).
   Off, or on a GPU whose preset does not say so (A100: not measured): one pipe, the blocks' calls
   one after the other.
+- warp_issue: on a GPU whose preset measured mma.sync's operand reads serial with it (H100, H200),
+  an mma.sync kernel that gives its warps' instructions (Launch.warp_instructions: per GEMM FLOP,
+  per ldmatrix byte and per vector operation; FA2's forward: its mma.sync and ldmatrix shapes, and
+  the rest of Nsight Compute's smsp__inst_executed, 1,682 / 1,220 / 916 a warp a K/V step at head
+  dims 64 / 128 / 256, over the step's softmax) issues them at `warp_instructions_per_clk_per_sm`
+  after its GEMM's tensor-pipe time (the longer of mma.sync's and the ldmatrix reads', which
+  pipeline across warps), the SM's resident blocks one after another: a call takes the SM's pipe
+  for max(mma, ldmatrix) + instructions / 4 a clock, and its block waits at least its own dependent
+  chain (mma_operands and serial_softmax: the mma_sync_pipes call). Measured: over every Nsight
+  profile of FA2's forward with two resident blocks at N = 4096 (H100 and H200), cycles a score
+  are the tensor pipe's active cycles plus the warp instructions at four a clock (head dim 64:
+  0.0965 + 0.4132 / 4 = 0.1998 against 0.2001; 128: 0.3438 against 0.341), not the larger of the
+  two, and at 256, where the shared-memory pipe is the longer (0.576 a score), its cycles plus
+  the issue (0.803 against 0.747); and two resident blocks take 2 x that sum over a lone block's
+  cycles, 1.58 and 1.70 of one block's time, against 1.59 and 1.67-1.71 measured (one wave,
+  h100/h200-torch-one-wave.json): the two blocks' warps reach their GEMMs and their softmax
+  together, as a round-robin issue order keeps alike warps in phase (docs/validation.md, "FA2's
+  forward: the warps' issue"). Off, or for a launch without the count: mma_sync_pipes.
 - block_dispatch: a launch's first blocks start one after another, `block_dispatch_s` apart, as a
   GPU's block scheduler hands them out, round robin over the SMs (slot k of SM i is the (k x SMs +
   i)-th, and starts that many staggers after the launch). Without it a launch of alike blocks
@@ -214,6 +232,7 @@ class TimeModel:
     xu_tensor_serial: bool = True
     wgmma_full_rate: bool = True
     mma_sync_pipes: bool = True
+    warp_issue: bool = True
     block_dispatch: bool = True
     l2_hit_latency: bool = True
     l2_dirty_limit: bool = True
@@ -258,7 +277,7 @@ class SmRates:
     """Seconds per unit of work on one SM, precomputed once per machine (the hot path multiplies)."""
 
     __slots__ = ("s_per_flop", "s_per_vec_op", "s_per_exp", "s_per_sram_byte", "serial", "operands_add", "pipes",
-                 "two_pipe_ops", "_known")
+                 "two_pipe_ops", "s_per_warp_instruction", "_known")
     # s_per_vec_op: seconds per unit of vector work on one SM, by Launch.vector_work
     KNOWN_MAX = 4096      # compute calls remembered (programs repeat a few tile shapes many times)
 
@@ -299,6 +318,11 @@ class SmRates:
         # operand reads are serial (mma_sync_pipes: the softmax beside the other resident blocks' GEMMs)
         self.two_pipe_ops = frozenset((ASYNC_TENSOR_OPS if self.pipes else ())
                                       + ((MMA_SYNC,) if model.mma_sync_pipes and operands_serial else ()))
+        # warp_issue: seconds an SM takes to issue one warp instruction (its schedulers, one each a clock);
+        # 0: the effect off, or a GPU without mma.sync's measured serial operand reads or without the rate
+        warp_issue = model.warp_issue and operands_serial and gpu.warp_instructions_per_clk_per_sm > 0
+        self.s_per_warp_instruction = 1.0 / (gpu.warp_instructions_per_clk_per_sm * gpu.clock_hz) \
+            if warp_issue else 0.0
         self._known: dict = {}    # compute_s's arguments -> its result
 
     def compute_s(self, tensor_op: str, matmul_flops: int, vector_flops: int, exp_ops: int,
@@ -313,6 +337,14 @@ class SmRates:
                 self._known.clear()
             work_s = self._known[args] = self._compute_s(*args)
         return work_s
+
+    def issue_s(self, matmul_flops: int, sram_bytes: int, instructions: float) -> float:
+        """warp_issue: the SM's time for one mma.sync call of a kernel that gives its instructions: the
+        longer of its mma.sync and its ldmatrix reads (pipelined across the warps), then the issue of
+        all its warps' `instructions` (mma, ldmatrix, softmax, address arithmetic alike)."""
+        mma_s = matmul_flops * self.s_per_flop[MMA_SYNC]
+        sram_s = sram_bytes * self.s_per_sram_byte
+        return (mma_s if mma_s > sram_s else sram_s) + instructions * self.s_per_warp_instruction
 
     def call_s(self, tensor_s: float, vector_s: float) -> float:
         """One call's time on an SM with one pipe (sm_pipes off): its parts added where the

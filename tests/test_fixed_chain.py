@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hbmsim.algorithms.flash2_spec import FA2_FWD_FIXED_INSTRUCTIONS
+from hbmsim.algorithms.flash2_spec import FA2_FWD_FIXED_INSTRUCTIONS, FA2_FWD_STEP_INSTRUCTIONS
 from hbmsim.algorithms.workload import Workload
 from hbmsim.scenarios.published import MEASURED_DIR
 from hbmsim.scenarios.runner import run_config
@@ -35,8 +35,10 @@ def test_the_fixed_counts_are_nsights():
     # head dim 256: 64 x 64 tiles, 64 steps at N = 4096 (H200) and 66 at N = 4224 (H100, one wave)
     a, b = _per_warp("h200-ncu-pipes", "ncu-fa2-256-4096-forward.csv"), _per_warp("h100-ncu-one-wave",
                                                                                     "ncu-fa2-256-4224-k1.csv")
-    s = (b - a) / 2
-    assert s == 916 and a - 64 * s == FA2_FWD_FIXED_INSTRUCTIONS[256] == 912
+    s256 = (b - a) / 2
+    assert s256 == 916 and a - 64 * s256 == FA2_FWD_FIXED_INSTRUCTIONS[256] == 912
+    # the step parts, the warp_issue effect's counts, with the tiles they were counted at
+    assert FA2_FWD_STEP_INSTRUCTIONS == {64: (128, 128, 4, two - one), 128: (128, 64, 4, s), 256: (64, 64, 4, s256)}
     # the same kernel on the H200 counts the same
     assert _per_warp("h200-ncu-short", "ncu-fa2-64-128-forward.csv") == one
 

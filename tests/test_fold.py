@@ -129,9 +129,11 @@ def flash2_config(gpu, wl: Workload, passes: tuple) -> Config:
 
 # (preset, workload fields, passes, whether it must fold). The causal backward's units alternate
 # 35 and 52 us, and their pairs wander by about 0.2%: two windows in a row never agree within
-# 0.1%, so it is simulated whole (a single agreement, by chance, used to fold it).
+# 0.1%, so it is simulated whole (a single agreement, by chance, used to fold it). The H100 forward's
+# units (warp_issue: each block's chain against the SM's issue) settle after about 29 of its 32 waves
+# at batch 4, 14 of 64 at batch 8.
 CASES = {
-    "h100-fwd": ("h100-sxm5-80gb", dict(head_dim=128, dtype="bf16"), ("forward",), True),
+    "h100-fwd": ("h100-sxm5-80gb", dict(head_dim=128, dtype="bf16", batch=8), ("forward",), True),
     "a100-fwd+bwd": ("a100-sxm4-40gb", dict(head_dim=64, dtype="fp16"), ("forward", "backward"), True),
     "a100-causal-fwd+bwd": ("a100-sxm4-40gb", dict(head_dim=64, dtype="fp16", causal=True), ("forward", "backward"),
                             False),
@@ -159,7 +161,7 @@ def compare(cfg: Config, must_fold: bool) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_folded_flash2_is_within_1_percent_with_exact_counts(case):
     preset, wl_fields, passes, must_fold = CASES[case]
-    wl = Workload(batch=4, heads=16, seq_len_q=2048, seq_len_kv=2048, **wl_fields)
+    wl = Workload(**{"batch": 4, "heads": 16, "seq_len_q": 2048, "seq_len_kv": 2048, **wl_fields})
     compare(flash2_config(part_of(preset), wl, passes), must_fold=must_fold)
 
 

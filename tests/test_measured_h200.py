@@ -134,7 +134,9 @@ def test_the_model_predicts_the_h200_against_the_h100_from_the_datasheets():
     32 bytes of the L2 pipe a lone sector on both, 0.844x with that and every SM starting at once,
     0.848x before each GPU's own measured load latencies), and
     leaves FA2's forward, which the
-    tensor and shared-memory pipes bound, where it was (predicted 1.000x). (0.838x before the
+    tensor pipe and the warps' issue bound, where it was (predicted 1.004x: the H200's mma.sync
+    measured 0.9% slower, 0.6586 of the peak against 0.6643; 1.000x before warp_issue, when the
+    softmax hid some of it). (0.838x before the
     transposing copy's sector requests were counted at the L2, tensor.GATHER: that copy is now
     bound by the L2, which is the same on both GPUs, where the measured copies ran 0.90x; 0.847x
     before the benchmark's 12 forward ops were counted one by one, FORWARD_HOST_OPS.)"""
@@ -145,7 +147,7 @@ def test_the_model_predicts_the_h200_against_the_h100_from_the_datasheets():
     assert abs(p200 / p100 - m200 / m100) < 0.05
     f200, _ = _simulated_and_measured(TORCH_H200, "fa2", "forward", 128, 1024)
     f100, _ = _simulated_and_measured(REPEAT_H100, "fa2", "forward", 128, 1024)
-    assert f200 / f100 == pytest.approx(1.0, abs=0.002)
+    assert f200 / f100 == pytest.approx(1.004, abs=0.001)
 
 
 def test_nsight_on_the_h200_shows_the_operand_reads_and_the_mma_adding_up(h200):

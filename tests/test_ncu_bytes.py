@@ -119,7 +119,7 @@ def test_one_run_printed_and_plotted(tmp_path, capsys):
     png = tmp_path / "bytes.png"
     assert ncu.main([str(f), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "ncu-fa2-64-forward.csv: forward" in out and "202.7    201.6   +0.6%" in out
+    assert "ncu-fa2-64-forward.csv: forward" in out and "203.1    201.6   +0.7%" in out
     assert "DRAM read bytes: 1 kernel groups" in out and png.stat().st_size > 10_000
     assert "L2 side" not in out                          # the file has no L2 sector counts
     assert ncu.main([str(f), "--plot", str(tmp_path)]) == 2

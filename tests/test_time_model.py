@@ -362,6 +362,39 @@ def test_two_resident_mma_sync_blocks_overlap_one_softmax_with_the_other_gemm():
     assert t(2, g=a100_like) == pytest.approx(2 * (2e-6 + 2e-6), rel=1e-12)
 
 
+def test_warp_issue_puts_the_blocks_issue_after_their_gemms_one_block_after_another():
+    """warp_issue: a call takes the SM's pipe for max(mma.sync, ldmatrix) + its warps' instructions
+    at 4 a clock; its block waits at least its own chain (GEMM and ldmatrix, then the softmax)."""
+    one_sm = dict(sm_count=1, matmul_flops_per_s=1e12, vector_flops_per_s=1e11)
+    gpu = tiny_gpu(**one_sm, mma_sync_fraction=0.5, mma_sync_operands_serial=1, warp_instructions_per_clk_per_sm=4)
+    # per call: 1e6 FLOPs at 0.5 x 1e12 = 2 us of mma.sync, 2e5 B of ldmatrix at 1e11 B/s = 2 us, 1e5
+    # softmax operations at 5e10/s = 2 us; 1e6 x 0.004 = 4,000 warp instructions at 4 x 1 GHz = 1 us
+    work = dict(matmul_flops=1_000_000, sram_bytes=200_000, vector_flops=100_000)
+
+    def blocks(n, calls=1, per_flop=0.004):
+        def block(ctx, _):
+            for _ in range(calls):
+                yield from ctx.compute(**work)
+        return Program("k", [Launch("k", n, 0, block, tensor_op=MMA_SYNC,
+                                    warp_instructions=(per_flop, 0.0, 0.0) if per_flop else ())])
+
+    def t(n, calls=1, model=ALL, g=gpu, per_flop=0.004):
+        return simulate(g, blocks(n, calls, per_flop), model=model).time_s
+    # one block: its chain, 2 + 2 + 2 = 6 us, is longer than its issue, max(2, 2) + 1 = 3 us
+    assert t(1) == pytest.approx(6e-6, rel=1e-12)
+    # two blocks: issue 0-3 and 3-6, both chains end at 6: 6 us (mma_sync_pipes: 10 us)
+    assert t(2) == pytest.approx(6e-6, rel=1e-12)
+    assert t(2, model=ALL.off("warp_issue")) == pytest.approx(10e-6, rel=1e-12)
+    # three blocks: the SM's issue, 3 x 3 us, is the longer
+    assert t(3) == pytest.approx(9e-6, rel=1e-12)
+    # two calls each: second calls start at 6 us, issue 6-9 and 9-12, chains end at 12
+    assert t(2, calls=2) == pytest.approx(12e-6, rel=1e-12)
+    # no count (0), or a GPU without mma.sync's measured serial operand reads: as before
+    assert t(2, per_flop=0.0) == pytest.approx(10e-6, rel=1e-12)
+    a100_like = tiny_gpu(**one_sm, mma_sync_fraction=0.5, warp_instructions_per_clk_per_sm=4)
+    assert t(2, g=a100_like) == pytest.approx(2 * (2e-6 + 2e-6), rel=1e-12)
+
+
 def test_l2_hit_latency_hides_under_prefetching_kernels_and_not_under_a_dependent_loop(h100):
     """l2_hit_latency adds the measured 148.8 ns (h100-latency.json) to every L2 hit. A kernel that
     loads ahead, as its source does, pays it at a block's start and end only: FA3's forward (K's
