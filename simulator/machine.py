@@ -120,6 +120,7 @@ class Machine:
                 start_s = after_s if after_s > self.env._now else self.env._now
                 chain_done_s = start_s + (tensor_s + vector_s if rates.serial else max(tensor_s, vector_s))
                 done_s = chain_done_s if chain_done_s > issue_done_s else issue_done_s
+                work_s = done_s - start_s        # the timeline: the block's call, from its start to its end
             elif tensor_op in rates.two_pipe_ops:
                 # sm_pipes (mma_sync_pipes): a wgmma (mma.sync) kernel's GEMM on the tensor pipe, then
                 # (if its softmax needs the GEMM) its vector work on the vector pipe
