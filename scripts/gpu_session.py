@@ -101,6 +101,13 @@ STEPS = (
          "128 on 2026-11-26's H100 and H200, the mma_sync_pipes effect's check), and the fixed cost of a tile "
          "(time against N: FA3's and the FP8 forward's N = 1k rows are predicted too fast)",
          (("{gpu}-torch-one-wave.json", "scenarios/measured/one-wave/{gpu}-torch-one-wave.json"),)),
+    Step("many-waves", 180, ((PY, "-m", "hbmsim.kernels.library", "--impl", "fa2", "--head-dim", "64", "128",
+                              "--causal", "false", "true", "--seq-lens", "512", "--tiles-per-sm", "2", "4", "8", "16",
+                              "--repeats", "10", "--out", "{out}/{gpu}-torch-many-waves.json"),),
+         "issue 23: FA2's forward at N = 512 in 1, 2, 4 and 8 waves of two 128-row tiles an SM: whether a "
+         "block costs more when it follows another on its slot (one wave of two predicted within 1%, the same "
+         "blocks in 8-16 waves 8-10% short, causal 25-34%: warp_issue's lead in docs/validation.md)",
+         (("{gpu}-torch-many-waves.json", "scenarios/measured/one-wave/{gpu}-torch-many-waves.json"),)),
     Step("ncu-one-wave", 240, (
         _ncu_wave("fa2", 64, 1), _ncu_wave("fa2", 64, 2), _ncu_wave("fa2", 128, 1), _ncu_wave("fa2", 256, 1),
         _summarise(("ncu-fa2-64-4224-k1.csv", "ncu-fa2-64-4224-k2.csv", "ncu-fa2-128-4224-k1.csv",
@@ -108,7 +115,7 @@ STEPS = (
          "issue 23: FA2's forward in one wave under Nsight Compute, one block an SM (head dims 64 and 128) "
          "and two (64; 256, whose 64-row tiles make two at K = 1): where a lone block's time goes at head "
          "dim 64 (predicted 10-14% short, 128 within 4%), and why the operand reads overlap the mma.sync "
-         "at 256 (predicted 20-24% long)",
+         "at 256 (predicted 20-24% long before warp_issue, within 3% since)",
          (("{gpu}-ncu-one-wave.json", "scenarios/measured/{gpu}-ncu-one-wave.json"),)),
     Step("lone-block", 240, (
         (PY, "-m", "hbmsim.scenarios.cli", "microbench", "--out", "{out}/{gpu}-microbench-4warps.json"),

@@ -61,7 +61,7 @@ def test_the_order_and_the_budgets_split():
     assert [s.name for s in steps] == names and {when for _, when in split} == {"sure"}
     # 540 s: the limits fit for the first three (150 + 120 + 240 = 510); the rest run if those end early
     steps, split = S.plan(None, 540)
-    assert [(s.name, when) for s, when in split][2:4] == [("one-wave", "sure"), ("ncu-one-wave", "if time is left")]
+    assert [(s.name, when) for s, when in split][2:4] == [("one-wave", "sure"), ("many-waves", "if time is left")]
     # --only: the order it names, each once
     steps, split = S.plan(["decode", "host", "decode"], 200)
     assert [(s.name, when) for s, when in split] == [("decode", "if time is left"), ("host", "if time is left")]
