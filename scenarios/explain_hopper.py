@@ -9,11 +9,15 @@ The walk-through prints
 3. FA3's block 0 on SM 0 as its warp roles ran it (the producer's TMA loads, each consumer
    warpgroup's wgmma GEMMs and softmax), from the run's timeline;
 4. how long SM 0's tensor and vector work took, and for how long both at once (none: measured,
-   a Hopper SM's tensor pipe and its special-function unit do not work at the same time).
+   a Hopper SM's tensor pipe and its special-function unit do not work at the same time);
+5. the same at scale, by hand: FA2's kernel holds two blocks an SM, and a step of theirs takes the
+   SM for its GEMM and then the issue of every warp instruction (warp_issue).
 Every number comes from the two simulations (predicted, not measured).
 """
 from __future__ import annotations
 
+from hbmsim.algorithms.flash2 import qk_softmax_work, warp_instructions
+from hbmsim.algorithms.flash2_spec import FA2_FWD_STEP_INSTRUCTIONS
 from hbmsim.algorithms.workload import Workload
 from hbmsim.simulator import TimeModel, simulate
 from hbmsim.simulator.time_model import MMA_SYNC, WGMMA, SmRates
@@ -157,4 +161,43 @@ def explain_hopper(gpu) -> str:
               "  and reads its operands from shared memory itself (FA2's ldmatrix reads add up with mma.sync on "
               "H100), not because the softmax hides under the GEMMs.",
               "  (How much faster is the model's claim: against the FA3 paper's H100 figures, docs/validation.md.)"]
+    lines += _at_scale(gpu, fa2_cfg.mapping, rates, (wgmma_s + softmax3_s) / (bq * wl.seq_len_kv), t2 / t3)
     return "\n".join(lines)
+
+
+def _at_scale(gpu, m2, rates: SmRates, fa3_s_per_score: float, lone_speedup: float) -> list:
+    """5. FA2 with two blocks an SM (its kernel's 255 registers a thread leave room for two), by hand:
+    a K/V step takes the SM for the longer of its mma.sync and ldmatrix, then its warps' instructions
+    at the schedulers' rate (warp_issue); FA3's step (one block an SM) as in section 2."""
+    wl = WORKLOAD
+    d, e = wl.head_dim, wl.itemsize
+    counted = warp_instructions(wl, FA2_FWD_STEP_INSTRUCTIONS.get(d, ()), m2.block_q, m2.block_kv, m2.warps)
+    if not counted or not rates.s_per_warp_instruction:
+        return []
+    # a step's two calls: S = Q_i K_j^T and its softmax; P V_j (every warp reads all of V_j)
+    qk = qk_softmax_work(wl, m2.block_q, m2.block_kv, 1, m2.warps)
+    pv = dict(matmul_flops=qk["matmul_flops"], sram_bytes=m2.warps * m2.block_kv * d * e, vector_flops=0)
+    per_flop, per_byte, per_op = counted
+    calls = [(c["matmul_flops"], c["sram_bytes"],
+              c["matmul_flops"] * per_flop + c["sram_bytes"] * per_byte + c["vector_flops"] * per_op) for c in (qk, pv)]
+    mma_s = sum(f * rates.s_per_flop[MMA_SYNC] for f, _, _ in calls)
+    ldsm_s = sum(b * rates.s_per_sram_byte for _, b, _ in calls)
+    instructions = sum(i for _, _, i in calls)
+    step_s = sum(rates.issue_s(*c) for c in calls)
+    issue_s = instructions * rates.s_per_warp_instruction
+    fa2_s_per_score = step_s / (m2.block_q * m2.block_kv)
+    return ["", "5. At scale, by hand: many blocks, FA2's kernel two an SM (255 registers a thread), FA3's one",
+            f"  FA2: a {m2.block_q} x {m2.block_kv} step takes the SM for the longer of mma.sync "
+            f"({mma_s * 1e6:.2f} us) and ldmatrix ({ldsm_s * 1e6:.2f} us) in each GEMM,",
+            f"       then its {m2.warps} warps' {instructions:,.0f} instructions at "
+            f"{gpu.warp_instructions_per_clk_per_sm:g} a clock ({issue_s * 1e6:.2f} us): "
+            f"{step_s * 1e6:.2f} us, {fa2_s_per_score * 1e9:.3f} ns a score,",
+            "       the two blocks' steps one after the other (warp_issue: Nsight counts FA2's cycles a score as its "
+            "tensor pipe's plus its issue)",
+            f"  FA3: {fa3_s_per_score * 1e9:.3f} ns a score (section 2's GEMMs and softmax over its block's scores): "
+            f"FA3 {fa2_s_per_score / fa3_s_per_score:.2f}x faster at scale, {lone_speedup:.2f}x for the lone "
+            "blocks above",
+            "  At scale FA2 loses by mma.sync's rate and by issuing its warps' instructions while its tensor pipe "
+            "waits; its ldmatrix",
+            "  reads hide under its mma.sync. (FA2's instructions: mma.sync and ldmatrix by their shapes, the rest "
+            "Nsight's count a step: algorithms/flash2_spec.py)"]

@@ -247,6 +247,12 @@ def test_hopper_walkthrough_same_bytes_by_hand(capsys):
         r"tensor pipe busy ([\d.]+) us, vector pipe ([\d.]+) us, both at once ([\d.]+) us", out).groups())
     # xu_tensor_serial: the softmax never runs while a GEMM does (measured on a Hopper attention kernel)
     assert both == 0 and 0 < vector < tensor and tensor + vector <= t3
+    # section 5, at scale (warp_issue): a 128 x 64 step's 4 warps issue 4 x 1,220 instructions (Nsight's count a
+    # warp a step); FA3's gain at scale is less than the lone blocks' but a gain
+    assert "then its 4 warps' 4,880 instructions at 4 a clock" in out
+    at_scale, lone = (float(x) for x in re.search(r"FA3 ([\d.]+)x faster at scale, ([\d.]+)x for the lone",
+                                                  out).groups())
+    assert 1 < at_scale < lone and lone == pytest.approx(t2 / t3, abs=0.01)
 
 
 @pytest.mark.parametrize("args, message", [
