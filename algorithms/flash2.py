@@ -76,9 +76,10 @@ def warp_instructions(wl: Workload, step_instructions: tuple, tile_rows: int, bl
     shared-memory byte, per vector operation), for the time model's warp_issue effect: the mma.sync
     and ldmatrix ones by their shapes, and the rest of what Nsight counted a step (`step_instructions`
     = (rows, keys, warps, a warp's instructions a K/V step): the softmax, masking and address
-    arithmetic) shared over the step's vector operations, the S call's. (): the tile or warps differ
-    from the counted kernel's (the count is that kernel's, not another tile's)."""
-    if not step_instructions or tuple(step_instructions[:3]) != (tile_rows, block_kv, warps):
+    arithmetic) shared over the step's vector operations, the S call's. (): the tile, the warps or
+    the element size differ from the counted kernel's (fp16 and bf16 alike; the count is that
+    kernel's, not another tile's or dtype's)."""
+    if not step_instructions or tuple(step_instructions[:3]) != (tile_rows, block_kv, warps) or wl.itemsize != 2:
         return ()
     d, e = wl.head_dim, wl.itemsize
     qk = qk_softmax_work(wl, tile_rows, block_kv, 1, warps)

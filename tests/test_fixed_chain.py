@@ -77,10 +77,13 @@ def test_the_forward_s_instructions_split_by_shape_and_count():
     GEMMs 2 x 2 x 128 x 64 x 128 = 4,194,304 FLOPs, 1,024 mma.sync m16n8k16 (4,096 FLOPs each); its
     ldmatrix reads (128 + 4 x 64) x 128 x 2 + 4 x 64 x 128 x 2 = 163,840 B, 320 ldmatrix .x4 (512 B);
     the rest of Nsight's 4 x 1,220 = 4,880, 3,536, over the S call's 58,112 counted vector operations.
-    Another tile (64 x 64 at head dim 128, or 3 warps) has no count: ()."""
+    Another tile (64 x 64 at head dim 128, or 3 warps) or element size has no count: ()."""
     from hbmsim.algorithms.flash2 import warp_instructions
     wl = Workload(1, 1, 4096, 4096, 128)
     count = FA2_FWD_STEP_INSTRUCTIONS[128]
     assert warp_instructions(wl, count, 128, 64, 4) == (1 / 4096, 1 / 512, 3536 / 58112)
     assert warp_instructions(wl, count, 64, 64, 4) == () and warp_instructions(wl, count, 128, 64, 3) == ()
     assert warp_instructions(wl, (), 128, 64, 4) == ()
+    # the count is the fp16 and bf16 kernels' (FA2 has no fp32 kernel): an fp32 workload has none
+    assert warp_instructions(Workload(1, 1, 4096, 4096, 128, dtype="bf16"), count, 128, 64, 4) != ()
+    assert warp_instructions(Workload(1, 1, 4096, 4096, 128, dtype="fp32"), count, 128, 64, 4) == ()
