@@ -126,9 +126,10 @@ the predicted time it explains. Nothing here is fitted to a measurement.
   two, and at 256, where the shared-memory pipe is the longer (0.576 a score), its cycles plus
   the issue (0.803 against 0.747); and two resident blocks take 2 x that sum over a lone block's
   cycles, 1.58 and 1.70 of one block's time, against 1.59 and 1.67-1.71 measured (one wave,
-  h100/h200-torch-one-wave.json): the two blocks' warps reach their GEMMs and their softmax
-  together, as a round-robin issue order keeps alike warps in phase (docs/validation.md, "FA2's
-  forward: the warps' issue"). Off, or for a launch without the count: mma_sync_pipes.
+  h100/h200-torch-one-wave.json). One mechanism that fits, not published by NVIDIA: the two
+  blocks' warps reach their GEMMs and their softmax together, a round-robin issue order keeping
+  alike warps in phase (docs/validation.md, "FA2's forward: the warps' issue"). Off, or for a
+  launch without the count: mma_sync_pipes.
 - block_dispatch: a launch's first blocks start one after another, `block_dispatch_s` apart, as a
   GPU's block scheduler hands them out, round robin over the SMs (slot k of SM i is the (k x SMs +
   i)-th, and starts that many staggers after the launch). Without it a launch of alike blocks
