@@ -84,6 +84,21 @@ def test_family_stats_by_hand():
     assert (n, med, worst, signed) == (2, pytest.approx(0.25), pytest.approx(0.3), pytest.approx(0.05))
 
 
+def test_targets_line_counts_the_families_within_both_bounds():
+    """Issue 23's targets as validate states them: a family is within when its median |e| and its
+    worst |e| over all N are both at or under the bound (event level 10% / 25%)."""
+    from hbmsim.scenarios.validate_report import EVENT_TARGET, KERNEL_TARGET, targets_line
+    good, wide, off = (("fa2", "h100-sxm5-80gb", p) for p in ("forward", "backward", "forward+backward"))
+    pts = [Point(good, 512, "a", 0.95, 1.0), Point(good, 1024, "b", 1.25, 1.0),      # |e| 0.05, 0.25, 0.05:
+           Point(good, 2048, "g", 1.05, 1.0),                                        # within
+           Point(wide, 512, "c", 1.0, 1.0), Point(wide, 1024, "d", 1.26, 1.0),       # worst 0.26: not
+           Point(off, 512, "e", 0.85, 1.0), Point(off, 1024, "f", 0.89, 1.0)]        # median 0.13: not
+    line = targets_line(family_stats(pts), EVENT_TARGET)
+    assert line == ("within median |e| <= 10% and worst |e| <= 25% (all N): 1 of 3 families "
+                    "(fa2 h100-sxm5-80gb forward)")
+    assert targets_line(family_stats(pts), KERNEL_TARGET).endswith(": 0 of 3 families")
+
+
 def test_speedup_stats_by_hand():
     """Issue 26's speed-up: the baseline's time over the implementation's on one configuration of one
     measured file, predicted against measured. FA3 predicted 1.0 s against FA2's 2.0 (2x), measured
