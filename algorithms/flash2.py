@@ -48,6 +48,13 @@ def flash2_sram_bytes(wl: Workload, block_q: int, block_kv: int) -> int:
     return (block_q + 2 * block_kv) * wl.head_dim * wl.itemsize
 
 
+def pv_work(wl: Workload, n: int, nc: int, warps: int) -> dict:
+    """`compute`'s arguments for acc += P V_j over n query rows and nc keys (one simulated step; FA2's
+    forward and its split-KV kernel alike): 2*n*nc*d FLOPs (multiply-add = 2), P from registers and
+    all of V_j read from shared memory by every warp."""
+    return dict(matmul_flops=2 * n * nc * wl.head_dim, sram_bytes=warps * nc * wl.head_dim * wl.itemsize)
+
+
 def qk_softmax_work(wl: Workload, n: int, nc: int, tiles: int, warps: int) -> dict:
     """`compute`'s arguments for S = Q_i K_j^T and the online softmax of n query rows over nc keys
     in `tiles` K/V tiles (one simulated step; FA2's forward and its split-KV kernel alike)."""
@@ -81,12 +88,10 @@ def warp_instructions(wl: Workload, step_instructions: tuple, tile_rows: int, bl
     kernel's, not another tile's or dtype's)."""
     if not step_instructions or tuple(step_instructions[:3]) != (tile_rows, block_kv, warps) or wl.itemsize != 2:
         return ()
-    d, e = wl.head_dim, wl.itemsize
-    qk = qk_softmax_work(wl, tile_rows, block_kv, 1, warps)
-    # a step's GEMMs, S = Q_i K_j^T and P V_j, 2 x rows x keys x d FLOPs each (multiply-add = 2);
-    # its ldmatrix reads, the S call's and P V's (every warp all of V_j)
-    flops = 2 * qk["matmul_flops"]
-    sram_bytes = qk["sram_bytes"] + warps * block_kv * d * e
+    qk, pv = qk_softmax_work(wl, tile_rows, block_kv, 1, warps), pv_work(wl, tile_rows, block_kv, warps)
+    # a step's GEMMs, S = Q_i K_j^T and P V_j, and its ldmatrix reads, the S call's and P V's
+    flops = qk["matmul_flops"] + pv["matmul_flops"]
+    sram_bytes = qk["sram_bytes"] + pv["sram_bytes"]
     rest = step_instructions[3] * warps - flops / MMA_SYNC_FLOPS_PER_INSTRUCTION \
         - sram_bytes / LDMATRIX_BYTES_PER_INSTRUCTION
     assert rest > 0, "a step's counted instructions are fewer than its mma.sync and ldmatrix ones"
@@ -120,7 +125,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     tr = math.ceil(nq / block_q)
-    scale, itemsize = wl.softmax_scale, wl.itemsize
+    scale = wl.softmax_scale
     keep = scaled_keep_mask(wl, data)
     numeric = data is not None
     all_cols = slice(0, d)
@@ -164,8 +169,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         that shape (rows computed, keys, tiles), so made once (a dict per call is most of a step's own
         Python)."""
         return (work(qk_softmax_work(wl, n_work, nc, tiles, warps)),
-                # acc += P V_j: P from registers, all of V_j from SRAM by every warp
-                work(dict(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * itemsize)))
+                work(pv_work(wl, n_work, nc, warps)))                  # acc += P V_j
 
     def kv_steps(kv_end):
         """[(c0, c_end)] of a block's steps. Fast mode: the block's own loop sets the step, so a

@@ -40,7 +40,7 @@ from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      output, tiles_per_step)
-from .flash2 import flash2_sram_bytes, qk_softmax_work
+from .flash2 import flash2_sram_bytes, pv_work, qk_softmax_work
 from .paged import KVLayout, table_entries
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -188,7 +188,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
         raise HbmsimError(f"flash2: num_splits = {num_splits} must be 1..{MAX_SPLITS} (FA2's split-KV kernel)")
     if wl.dropout > 0:
         raise HbmsimError("flash2: split-KV (num_splits > 1 or kv_append) has no dropout in FA2; set dropout = 0")
-    G, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    G, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     split = num_splits > 1
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -262,7 +262,7 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
             v = kv.join((yield from ctx.wait(v_next)))
             if c1 < c_end:
                 k_next = ctx.prefetch(*kv.tiles("K", kg, c1, min(c_end, c1 + step_cols)))
-            yield from ctx.compute(matmul_flops=2 * n_work * nc * d, sram_bytes=warps * nc * d * e)
+            yield from ctx.compute(**pv_work(wl, n_work, nc, warps))         # acc += P V_j
             if numeric:
                 acc = alpha[:, None] * acc + p @ v
                 ctx.note("split tile", g=g, split=s, rows=(r0, r1), cols=(c0, c1), S=sc, m_new=m, c=alpha,

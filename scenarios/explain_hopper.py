@@ -16,7 +16,7 @@ Every number comes from the two simulations (predicted, not measured).
 """
 from __future__ import annotations
 
-from hbmsim.algorithms.flash2 import qk_softmax_work, warp_instructions
+from hbmsim.algorithms.flash2 import pv_work, qk_softmax_work, warp_instructions
 from hbmsim.algorithms.flash2_spec import FA2_FWD_STEP_INSTRUCTIONS
 from hbmsim.algorithms.workload import Workload
 from hbmsim.simulator import TimeModel, simulate
@@ -170,20 +170,17 @@ def _at_scale(gpu, m2, rates: SmRates, fa3_s_per_score: float, lone_speedup: flo
     a K/V step takes the SM for the longer of its mma.sync and ldmatrix, then its warps' instructions
     at the schedulers' rate (warp_issue); FA3's step (one block an SM) as in section 2."""
     wl = WORKLOAD
-    d, e = wl.head_dim, wl.itemsize
-    counted = warp_instructions(wl, FA2_FWD_STEP_INSTRUCTIONS.get(d, ()), m2.block_q, m2.block_kv, m2.warps)
+    counted = warp_instructions(wl, FA2_FWD_STEP_INSTRUCTIONS.get(wl.head_dim, ()), m2.block_q, m2.block_kv, m2.warps)
     if not counted or not rates.s_per_warp_instruction:
         return []
     # a step's two calls: S = Q_i K_j^T and its softmax; P V_j (every warp reads all of V_j)
-    qk = qk_softmax_work(wl, m2.block_q, m2.block_kv, 1, m2.warps)
-    pv = dict(matmul_flops=qk["matmul_flops"], sram_bytes=m2.warps * m2.block_kv * d * e, vector_flops=0)
-    per_flop, per_byte, per_op = counted
-    calls = [(c["matmul_flops"], c["sram_bytes"],
-              c["matmul_flops"] * per_flop + c["sram_bytes"] * per_byte + c["vector_flops"] * per_op) for c in (qk, pv)]
+    calls = [(c["matmul_flops"], c["sram_bytes"], c.get("vector_flops", 0))
+             for c in (qk_softmax_work(wl, m2.block_q, m2.block_kv, 1, m2.warps),
+                       pv_work(wl, m2.block_q, m2.block_kv, m2.warps))]
     mma_s = sum(f * rates.s_per_flop[MMA_SYNC] for f, _, _ in calls)
     ldsm_s = sum(b * rates.s_per_sram_byte for _, b, _ in calls)
-    instructions = sum(i for _, _, i in calls)
-    step_s = sum(rates.issue_s(*c) for c in calls)
+    instructions = sum(rates.call_instructions(counted, *c) for c in calls)
+    step_s = sum(rates.issue_s(*c, counted) for c in calls)
     issue_s = instructions * rates.s_per_warp_instruction
     fa2_s_per_score = step_s / (m2.block_q * m2.block_kv)
     return ["", "5. At scale, by hand: many blocks, FA2's kernel two an SM (255 registers a thread), FA3's one",

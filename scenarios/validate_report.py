@@ -164,9 +164,9 @@ def report(points: list, sources: list, model: TimeModel | None = None) -> str:
              "time error = (predicted - measured) / measured; negative: the model is optimistic", "",
              "event level: the pass's predicted time against the measured pass (CUDA events, or a paper's figure),",
              "  timed as its harness timed it: one synchronised call, or a call of a loop of calls (a paper's)"]
-    lines += family_table(family_stats(points))
-    errs = [abs(p.error) for p in points]
     event_stats = family_stats(points)
+    lines += family_table(event_stats)
+    errs = [abs(p.error) for p in points]
     lines += ["", targets_line(event_stats, EVENT_TARGET)]
     lines += [f"all {len(points)} runs: median |time error| {100 * statistics.median(errs):.0f}%, "
               f"worst {100 * max(errs):.0f}%"]

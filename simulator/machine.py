@@ -113,12 +113,10 @@ class Machine:
                 # warp_issue: the SM's pipe for the GEMM's tensor time and then the issue of all the
                 # call's instructions, the resident blocks' calls one after another; the block itself
                 # no sooner than its own dependent chain (GEMM and ldmatrix, then the softmax)
-                per_flop, per_sram_byte, per_vector_op = state.instructions
-                work_s = rates.issue_s(matmul_flops, sram_bytes, matmul_flops * per_flop + sram_bytes * per_sram_byte
-                                       + vector_flops * per_vector_op)
-                issue_done_s = self.sms[sm].reserve(work_s, after_s)
+                issue_done_s = self.sms[sm].reserve(
+                    rates.issue_s(matmul_flops, sram_bytes, vector_flops, state.instructions), after_s)
                 start_s = after_s if after_s > self.env._now else self.env._now
-                chain_done_s = start_s + (tensor_s + vector_s if rates.serial else max(tensor_s, vector_s))
+                chain_done_s = start_s + rates.call_s(tensor_s, vector_s)
                 done_s = chain_done_s if chain_done_s > issue_done_s else issue_done_s
                 work_s = done_s - start_s        # the timeline: the block's call, from its start to its end
             elif tensor_op in rates.two_pipe_ops:

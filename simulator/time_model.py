@@ -339,12 +339,21 @@ class SmRates:
             work_s = self._known[args] = self._compute_s(*args)
         return work_s
 
-    def issue_s(self, matmul_flops: int, sram_bytes: int, instructions: float) -> float:
-        """warp_issue: the SM's time for one mma.sync call of a kernel that gives its instructions: the
-        longer of its mma.sync and its ldmatrix reads (pipelined across the warps), then the issue of
-        all its warps' `instructions` (mma, ldmatrix, softmax, address arithmetic alike)."""
+    @staticmethod
+    def call_instructions(counts: tuple, matmul_flops: int, sram_bytes: int, vector_flops: int) -> float:
+        """The warp instructions of one compute call, from a kernel's counts a unit of work
+        (Launch.warp_instructions: per GEMM FLOP, per shared-memory byte, per vector operation)."""
+        per_flop, per_sram_byte, per_vector_op = counts
+        return matmul_flops * per_flop + sram_bytes * per_sram_byte + vector_flops * per_vector_op
+
+    def issue_s(self, matmul_flops: int, sram_bytes: int, vector_flops: int, counts: tuple) -> float:
+        """warp_issue: the SM's time for one mma.sync call of a kernel that gives its instructions
+        (`counts`, call_instructions'): the longer of its mma.sync and its ldmatrix reads (pipelined
+        across the warps), then the issue of all its warps' instructions (mma, ldmatrix, softmax,
+        address arithmetic alike)."""
         mma_s = matmul_flops * self.s_per_flop[MMA_SYNC]
         sram_s = sram_bytes * self.s_per_sram_byte
+        instructions = self.call_instructions(counts, matmul_flops, sram_bytes, vector_flops)
         return (mma_s if mma_s > sram_s else sram_s) + instructions * self.s_per_warp_instruction
 
     def call_s(self, tensor_s: float, vector_s: float) -> float:
