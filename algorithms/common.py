@@ -174,6 +174,17 @@ CAUSAL_MAX_TILES_PER_STEP = 4
 # 10-50% less CPU time; FA3's head dim 256 (about 1,650 blocks of 64 x 80) moved by -0.6..-1.1%
 # and keeps a step per tile (docs/speed.md).
 CAUSAL_BWD_MIN_BLOCKS = 2048
+# Long causal loops (fast mode; a million tokens): in a forward launch under a causal mask whose
+# longest loop has more than LONG_CAUSAL_TILES tiles, in a grid of LONG_CAUSAL_MIN_BLOCKS blocks or
+# more (31 waves of two blocks an SM on a 132-SM GPU: in 8 to 16 waves, where a causal launch's last
+# and longest blocks land moved its time by up to 2-4% either way), every block takes
+# tiles // LONG_CAUSAL_STEPS_PER_BLOCK a step, and every K/V load stays in the L2 as prefix lines (tensor.L2Lines
+# with prefix: every block streams K and V from key 0, so a line is the prefix of its tiles read so
+# far; l2.py sizes the lines by the cache), so that a step costs the L2 a line or two, not a line a
+# tile. Measured against the full simulation: docs/speed.md, "Long causal contexts".
+LONG_CAUSAL_TILES = 512
+LONG_CAUSAL_STEPS_PER_BLOCK = 32
+LONG_CAUSAL_MIN_BLOCKS = 8192
 
 
 def tiles_per_step(tiles: int, even: bool = False, blocks: int = 0) -> int:
@@ -184,6 +195,26 @@ def tiles_per_step(tiles: int, even: bool = False, blocks: int = 0) -> int:
         step = max(step, min(EVEN_MAX_TILES_PER_STEP, tiles // EVEN_STEPS_PER_BLOCK))
     if not even and blocks >= CAUSAL_MIN_BLOCKS:
         step = max(step, min(CAUSAL_MAX_TILES_PER_STEP, tiles // CAUSAL_STEPS_PER_BLOCK))
+    return step
+
+
+def long_causal(wl: Workload, block_q: int, block_kv: int) -> bool:
+    """Whether a forward launch under a causal mask runs, in fast mode, its blocks in
+    LONG_CAUSAL_STEPS_PER_BLOCK steps each and keeps its K/V loads as the L2's prefix lines: its
+    longest loop has more than LONG_CAUSAL_TILES tiles, in a grid of LONG_CAUSAL_MIN_BLOCKS blocks
+    or more."""
+    return (wl.causal and math.ceil(wl.seq_len_kv / block_kv) > LONG_CAUSAL_TILES
+            and wl.groups * math.ceil(wl.seq_len_q / block_q) >= LONG_CAUSAL_MIN_BLOCKS)
+
+
+def fwd_tiles_per_step(wl: Workload, block_q: int, block_kv: int, blocks: int = 0) -> int:
+    """K/V tiles a fast-mode forward step (FA2's, FA3's) covers at most: tiles_per_step over the
+    longest loop (`blocks`: the grid's, for its causal rule), or 1 / LONG_CAUSAL_STEPS_PER_BLOCK
+    of it in a long causal launch (long_causal)."""
+    tiles = math.ceil(wl.seq_len_kv / block_kv)
+    step = tiles_per_step(tiles, not wl.causal, blocks)
+    if long_causal(wl, block_q, block_kv):
+        step = max(step, tiles // LONG_CAUSAL_STEPS_PER_BLOCK)
     return step
 
 

@@ -24,6 +24,8 @@ from hbmsim.simulator.time_model import MMA_SYNC
 
 from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
+from . import common
+from .common import long_causal
 from .common import tiles_per_step as coarse_step
 from .flash2_teaching import teaching_aligned
 from .paged import KVLayout
@@ -131,6 +133,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     all_cols = slice(0, d)
     access = Strided(block_q) if teaching else None
     lines = L2Lines(block_kv)                 # a coarse step's K/V as the L2 keeps them
+    # a long causal loop in fast mode: every K/V load as the L2's prefix lines (common.long_causal)
+    prefix = (L2Lines(block_kv, prefix=True)
+              if tiles_per_step > 1 and long_causal(wl, block_q, block_kv) and not (teaching or kv.paged) else None)
 
     def tiles_of(tiles):
         """The tiles with the kernel's access pattern attached (teaching), or as they are."""
@@ -143,6 +148,8 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         the tiles other blocks had loaded, and the forward's DRAM bytes 2.2x at N = 32768); paged,
         and in the teaching kernel (its sectors counted per tile), tile by tile in one request;
         otherwise one tile a step, every block's steps alike."""
+        if prefix is not None:
+            return [(*t, prefix) for t in kv.tiles(name, kg, c0, c1)]
         if not (teaching or wl.causal) or c1 - c0 <= block_kv:
             return tiles_of(kv.tiles(name, kg, c0, c1))
         if not teaching and not kv.paged:     # one tile, which the L2 keeps tile by tile
@@ -174,7 +181,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     def kv_steps(kv_end):
         """[(c0, c_end)] of a block's steps. Fast mode: the block's own loop sets the step, so a
         causal mask's short rows keep steps of one tile."""
-        own = coarse_step(math.ceil(kv_end / block_kv), even=not wl.causal)
+        tiles = math.ceil(kv_end / block_kv)
+        # a long causal launch (common.long_causal): every block a fixed number of steps
+        own = max(1, tiles // common.LONG_CAUSAL_STEPS_PER_BLOCK) if prefix else coarse_step(tiles, even=not wl.causal)
         step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
         starts = range(0, kv_end, step_cols)
         return [(c0, min(kv_end, c0 + step_cols)) for c0 in starts]

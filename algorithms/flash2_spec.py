@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO, FlashBlocks, halve_until, resolve_flash_blocks
-from .common import bwd_tiles_per_step, tiles_per_step
+from .common import bwd_tiles_per_step, fwd_tiles_per_step, tiles_per_step
 from .flash2 import flash2_forward, flash2_sram_bytes
 from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
 from . import flash2_rawkernel_tc as tc
@@ -271,8 +271,7 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
                                           fixed_instructions=(SPLITKV_FIXED_INSTRUCTIONS.get(wl.head_dim, 0),
                                                               COMBINE_FIXED_INSTRUCTIONS.get(wl.head_dim, 0))
                                           if kernel else (0, 0))
-    even = not wl.causal               # every block's loop as long (common.tiles_per_step)
-    fwd_step = tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), even) if fast else 1
+    fwd_step = fwd_tiles_per_step(wl, m.block_q, m.block_kv) if fast else 1
     if training:
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
@@ -308,8 +307,8 @@ def _steps(wl: Workload, m: Flash2Blocks, training: bool, fast: bool = False) ->
         if uses_splitkv(m):
             return splitkv_steps(wl, m.block_q, m.block_kv, m.num_splits, fast)
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
-    even = not wl.causal
-    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (tiles_per_step(kv_tiles, even) if fast else 1))
+    fwd_step = fwd_tiles_per_step(wl, m.block_q, m.block_kv) if fast else 1
+    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / fwd_step)
     if training:      # the backward visits every (K/V block, query block) pair, about twice the work
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
         q_steps = c(q_tiles / (bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1))

@@ -36,6 +36,8 @@ from hbmsim.simulator.time_model import WGMMA, WGMMA_FP8
 
 from .common import (STATS_DTYPE, block_rows, masked_scores, normalised_rows, online_softmax_vector_flops, output,
                      row_blocks_period, unnormalised_softmax_step)
+from . import common
+from .common import long_causal
 from .common import tiles_per_step as coarse_step
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -102,9 +104,14 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     all_cols = slice(0, d)
     op = WGMMA_FP8 if fp8 else WGMMA
     kv_lines = L2Lines(block_kv)
+    # a long causal loop in fast mode: every K/V load as the L2's prefix lines (common.long_causal)
+    prefix = L2Lines(block_kv, prefix=True) if tiles_per_step > 1 and long_causal(wl, block_q, block_kv) else None
 
     def kv_steps(kv_end):
-        own = coarse_step(math.ceil(kv_end / block_kv), not wl.causal, g_count * tr)
+        tiles = math.ceil(kv_end / block_kv)
+        # a long causal launch: every block a fixed number of steps
+        own = (max(1, tiles // common.LONG_CAUSAL_STEPS_PER_BLOCK) if prefix is not None
+               else coarse_step(tiles, not wl.causal, g_count * tr))
         step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
         out = []
         for c0 in range(0, kv_end, step_cols):
@@ -184,6 +191,8 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             # a step's K or V rows, tile by tile (one TMA load each): in a coarse step too, the L2
             # keeps them as the lines of single tiles (L2Lines), so that every block, whatever its
             # causal end, asks it for the same lines
+            if prefix is not None:                # a long causal launch: the L2's prefix lines
+                return [(T[kg], slice(c0, c1), all_cols, prefix)]
             if c1 - c0 <= block_kv:
                 return [(T[kg], slice(c0, c1), all_cols)]
             return [(T[kg], slice(c0, c1), all_cols, kv_lines)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
-from .common import bwd_tiles_per_step, tiles_per_step
+from .common import bwd_tiles_per_step, fwd_tiles_per_step
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
@@ -151,10 +151,9 @@ def _registers(block_q: int) -> int:
 
 
 def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
-    """K/V tiles a fast-mode forward step covers at most (common.tiles_per_step over the
-    longest loop, in the launch's grid of batch-heads x query blocks)."""
-    return tiles_per_step(math.ceil(wl.seq_len_kv / m.block_kv), not wl.causal,
-                              wl.groups * math.ceil(wl.seq_len_q / m.block_q))
+    """K/V tiles a fast-mode forward step covers at most (common.fwd_tiles_per_step: the longest
+    loop, in the launch's grid of batch-heads x query blocks)."""
+    return fwd_tiles_per_step(wl, m.block_q, m.block_kv, wl.groups * math.ceil(wl.seq_len_q / m.block_q))
 
 
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:

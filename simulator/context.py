@@ -228,11 +228,11 @@ class MachineContext:
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 if r0 < 0 or r1 <= r0 or r1 > n_rows or c0 < 0 or c1 <= c0 or c1 > n_cols:
                     _span(rows, n_rows, "row", t), _span(cols, n_cols, "col", t)     # raises with the numbers
-                lines, gather = None, False
+                lines, prefix, gather = None, False, False
                 fetched = nbytes = (r1 - r0) * (c1 - c0) * itemsize     # the bytes requested
                 if len(tile) > plain:                  # an access pattern: the 32-byte sectors it touches
                     if tile[plain].__class__ is L2Lines:          # (or the bytes, in the L2's lines)
-                        lines = tile[plain].rows
+                        lines, prefix = tile[plain].rows, tile[plain].prefix
                     else:                              # (GATHER: requested at the L2; DRAM fetches the bytes)
                         nbytes = SECTOR_BYTES * tile_sectors(t.shape, itemsize, view.group, r0, r1, c0, c1,
                                                              tile[plain])
@@ -248,6 +248,8 @@ class MachineContext:
                 else:                                  # a load that misses: from DRAM; the rest: the L2
                     if lines is None:
                         miss = fetched if l2_access((uid, view.group, r0, r1, c0, c1), fetched, w, owner) else 0
+                    elif prefix:                       # lines of `lines` rows from row 0, kept as prefixes
+                        miss = l2.access_prefix(uid, view.group, r0, r1, c0, c1, lines, (c1 - c0) * itemsize, owner)
                     else:                              # line by line, each of `lines` rows
                         miss = l2.access_lines(uid, view.group, r0, r1, c0, c1, lines, (c1 - c0) * itemsize, w,
                                                owner)

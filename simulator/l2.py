@@ -8,7 +8,8 @@ traffic is over- rather than under-estimated. A line's owner (the simulator pass
 name and the pass that touched it) is what write-backs are credited to.
 
 The policy (`access`, one call per tile request; `access_lines`, a request the L2 keeps as
-several such tiles):
+several such tiles; `access_prefix`, a stream read from row 0 whose lines hold the prefix of their
+rows read so far, below):
 - hit: the line becomes the most recent; a store marks it dirty and takes it over (owner);
 - miss: least recently used lines are evicted until the tile fits, each dirty one costing an
   HBM write of its bytes; the tile becomes a line, dirty for a store (a store allocates);
@@ -31,6 +32,11 @@ used) takes the rest of its tensor out of the L2: later first touches read DRAM.
 from __future__ import annotations
 
 from collections import OrderedDict
+
+# access_prefix groups a stream's lines into lines of about 1 / PREFIX_LINES_PER_L2 of the cache (at
+# least one of the caller's): small enough for the LRU to keep what is reused, few enough that a
+# long step costs a line or two
+PREFIX_LINES_PER_L2 = 256
 
 
 class L2Cache:
@@ -130,6 +136,49 @@ class L2Cache:
                 resident.move_to_end(key)
             elif self.access(key, (s1 - s0) * row_bytes, write, owner):
                 miss += (s1 - s0) * row_bytes
+        return miss
+
+    def access_prefix(self, uid, group: int, r0: int, r1: int, c0: int, c1: int, lines: int, row_bytes: int,
+                      owner) -> int:
+        """One load of rows [r0, r1), columns [c0, c1) of batch-head `group` of tensor `uid` that the
+        L2 keeps as lines from row 0 (tensor.L2Lines with prefix), each a whole number of `lines`
+        rows, about 1 / PREFIX_LINES_PER_L2 of the cache (`row_bytes` a row), and each the prefix
+        of its rows requested so far. A request within a line's prefix hits; the rows past it are
+        read from DRAM and the line grows to hold them (least recently used lines make room); a
+        line not resident is put in by a request from its first row, while one that starts past a
+        line's prefix (the line was evicted and put back shorter) reads its rows from DRAM without
+        keeping them. Returns the bytes HBM must serve now."""
+        lines *= max(1, self.capacity_bytes // PREFIX_LINES_PER_L2 // (lines * row_bytes))
+        resident, miss = self.lines, 0
+        s0 = r0 - r0 % lines
+        while s0 < r1:
+            s1 = s0 + lines
+            a, b = (r0 if r0 > s0 else s0), (r1 if r1 < s1 else s1)
+            key = (uid, group, s0, s1, c0, c1, "prefix")
+            line = resident.get(key)
+            if line is None:
+                if a == s0:                        # a new line of the rows requested
+                    if self.access(key, (b - s0) * row_bytes, False, owner):
+                        miss += (b - s0) * row_bytes
+                else:
+                    miss += (b - a) * row_bytes
+            else:
+                resident.move_to_end(key)          # now the most recent
+                held = s0 + line[0] // row_bytes   # rows [s0, held) are resident
+                if b > held:
+                    if a > held:                   # past the prefix, with a gap: not kept
+                        miss += (b - a) * row_bytes
+                    else:                          # the prefix grows by the rows past it
+                        extra = (b - held) * row_bytes
+                        miss += extra
+                        line[0] += extra
+                        self.inserted_bytes += extra
+                        if line[0] > self.capacity_bytes:      # larger than the L2: it streams through
+                            del resident[key]
+                            self.used_bytes -= line[0] - extra
+                        else:
+                            self.used_bytes = self._evict_until(self.used_bytes + extra)
+            s0 = s1
         return miss
 
     def warm(self, uid, nbytes: int, owner) -> None:

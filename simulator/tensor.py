@@ -135,16 +135,23 @@ class L2Lines:
     """A tile requested at once that the L2 (l2.py, tile granular) keeps as lines of `rows` rows
     each, from the tile's first row: the tiles a kernel loads one by one, taken together in a
     fast-mode step. Its bytes are the tile's own; each line hits or misses by itself, so every
-    block asks the L2 for the same lines whatever its step."""
-    __slots__ = ("rows",)
+    block asks the L2 for the same lines whatever its step.
 
-    def __init__(self, rows: int):
+    `prefix` (loads only): the lines are `rows` rows each from the tensor's row 0, whatever the
+    tile's first row, and the L2 keeps each as the part of it requested so far, a prefix that
+    grows (l2.L2Cache.access_prefix): a stream that every block reads from row 0 upwards (K and V
+    under a causal mask, in long loops), so that a step costs the L2 a line or two instead of one
+    a tile."""
+    __slots__ = ("rows", "prefix")
+
+    def __init__(self, rows: int, prefix: bool = False):
         if rows < 1:
             raise HbmsimError(f"L2Lines: rows = {rows} must be >= 1")
         self.rows = int(rows)
+        self.prefix = bool(prefix)
 
     def __repr__(self) -> str:
-        return f"L2Lines({self.rows})"
+        return f"L2Lines({self.rows}{', prefix=True' if self.prefix else ''})"
 
 
 def _span_sectors(start: int, end: int) -> int:

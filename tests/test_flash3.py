@@ -284,11 +284,13 @@ def test_fast_mode_takes_several_causal_tiles_a_step_in_a_long_grid_with_the_sam
                                                                         {"block_q": 192, "block_kv": 32}))])).configs[0]
     per_tile = run_config(cfg, True, fast=True)[0]
     from hbmsim.algorithms import flash3_spec
-    fa3.coarse_step = flash3_spec.tiles_per_step = lambda tiles, even=False, blocks=0: 2
+    fwd_rule = flash3_spec.fwd_tiles_per_step
+    fa3.coarse_step = lambda tiles, even=False, blocks=0: 2
+    flash3_spec.fwd_tiles_per_step = lambda wl, block_q, block_kv, blocks=0: 2
     try:
         coarse = run_config(cfg, True, fast=True)[0]
     finally:
-        fa3.coarse_step = flash3_spec.tiles_per_step = rule
+        fa3.coarse_step, flash3_spec.fwd_tiles_per_step = rule, fwd_rule
     for f in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops",
               "hbm_read_bytes", "hbm_write_bytes"):
         assert coarse[f] == per_tile[f], f

@@ -199,10 +199,46 @@ def test_several_tiles_a_step_under_a_causal_mask_keep_the_l2_lines_of_single_ti
     assert events[3] < 0.8 * events[1]                         # the steps were coarse
 
 
+@pytest.mark.parametrize("program", ["flash2", "flash3"])
+def test_long_causal_loops_are_within_1_percent_with_exact_counts(monkeypatch, program):
+    """A long causal launch (common.long_causal; its thresholds lowered from 512 tiles to 64 and from
+    8192 blocks, 31 waves of an H100's 264 slots, to 1024, 32 waves of this machine's 32): every
+    block in 32 steps, K and V kept as the L2's prefix lines. Against the full simulation (a step
+    per tile) on an H100 cut to 16 SMs, N = 16384 (the longest loops: flash2's 256 K/V tiles of
+    64, flash3's 128 of 128), batch 1, 8 heads, head dim 128, causal (32 and 64 waves): the time
+    within 1%, every L2-side byte, FLOP, exp and SRAM read exact (the closed forms), and the steps
+    coarse. DRAM reads: within 25% (a head's K and V, 8 MB, exceed this machine's 6 MB L2, and
+    which tiles it keeps then depends on the steps: docs/speed.md, "Long causal contexts")."""
+    monkeypatch.setattr(common, "LONG_CAUSAL_TILES", 64)
+    monkeypatch.setattr(common, "LONG_CAUSAL_MIN_BLOCKS", 1024)
+    wl = Workload(batch=1, heads=8, seq_len_q=16384, seq_len_kv=16384, head_dim=128, dtype="bf16", causal=True)
+    cfg = Config(part_of("h100-sxm5-80gb"), wl, RunSpec(program, ("forward",), {}))
+    cfg = dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+    assert common.long_causal(wl, cfg.mapping.block_q, cfg.mapping.block_kv)
+    full = run_config(cfg, count_only=True)[0]
+    fast = run_config(cfg, count_only=True, fast=True)[0]
+    assert counted(fast) == counted(full) == nonzero(closed_form(cfg, fast, "forward"))
+    for key in ("matmul_flops", "vector_flops", "exp_ops"):
+        assert fast[key] == full[key], key
+    assert [k["sram_read_bytes"] for k in fast["kernels"]] == [k["sram_read_bytes"] for k in full["kernels"]]
+    assert fast["time_s"] == pytest.approx(full["time_s"], rel=0.01)
+    assert fast["hbm_read_bytes"] == pytest.approx(full["hbm_read_bytes"], rel=0.25)
+    assert fast["sim_events"] < 0.7 * full["sim_events"]
+
+
 def test_tiles_per_step_rule():
     assert common.tiles_per_step(256) == 1              # at most COARSE_ABOVE_TILES: a step a tile
     assert common.tiles_per_step(257) == 2               # then at least STEPS_PER_BLOCK steps
     assert common.tiles_per_step(2048) == 16             # N = 131072 at 64-wide tiles: 128 steps
+    # a causal forward's longest loop of more than LONG_CAUSAL_TILES tiles: 32 steps (fwd_tiles_per_step)
+    wl = Workload(batch=1, heads=1, seq_len_q=131072, seq_len_kv=131072, head_dim=128, causal=True)
+    wl = dataclasses.replace(wl, heads=8)                # 8 x 1024 blocks of 128 rows
+    assert common.fwd_tiles_per_step(wl, 128, 64) == 64 and common.long_causal(wl, 128, 64)
+    assert common.fwd_tiles_per_step(dataclasses.replace(wl, causal=False), 128, 64) == 16
+    short = dataclasses.replace(wl, seq_len_q=32768, seq_len_kv=32768, heads=8)      # 512 tiles: the rules above
+    assert common.fwd_tiles_per_step(short, 128, 64) == 4 and not common.long_causal(short, 128, 64)
+    few = dataclasses.replace(wl, heads=4)               # 4096 blocks: too few
+    assert common.fwd_tiles_per_step(few, 128, 64) == 16 and not common.long_causal(few, 128, 64)
 
 
 # ---- the command line ------------------------------------------------------------------------------

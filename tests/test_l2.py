@@ -146,3 +146,43 @@ def test_a_bounded_l2_by_hand():
     l2 = L2Cache(100, 25)
     assert l2.access("big", 30, True, "G") is False and l2.written_back == [("G", 30)]
     assert l2.lines["big"] == [30, False, "G"] and l2.dirty_bytes == 0
+
+
+def test_prefix_lines_by_hand():
+    """access_prefix (tensor.L2Lines with prefix): lines of 4 rows from row 0, 10 bytes a row, each
+    kept as the prefix of it requested so far, in an L2 of 100 bytes."""
+    l2 = L2Cache(100)
+    pre = lambda r0, r1: l2.access_prefix("K", 0, r0, r1, 0, 8, 4, 10, ("K", "forward"))
+    line = lambda s0: l2.lines.get(("K", 0, s0, s0 + 4, 0, 8, "prefix"))
+    assert pre(0, 2) == 20                       # a new line: rows 0-1 from DRAM
+    assert line(0)[0] == 20 and l2.used_bytes == 20
+    assert pre(0, 3) == 10                       # rows 0-1 hit, row 2 read; the prefix grows to 3 rows
+    assert line(0)[0] == 30 and l2.used_bytes == 30 and l2.inserted_bytes == 30
+    assert pre(1, 3) == 0                        # within the prefix: a hit
+    assert pre(2, 6) == 30                       # row 3 of line 0 (it grows to 4) and rows 4-5, a new line
+    assert (line(0)[0], line(4)[0], l2.used_bytes) == (40, 20, 60)
+    assert pre(5, 8) == 20                       # line 4 holds rows 4-5: rows 6-7 read, it grows
+    assert line(4)[0] == 40
+    assert pre(9, 11) == 20                      # line 8 not resident and the request starts past row 8:
+    assert line(8) is None                       # read from DRAM, not kept
+    assert pre(8, 12) == 40                      # from its first row: kept, whole (used 40 + 40 + 40 > 100):
+    assert line(0) is None and l2.used_bytes == 80          # line 0, the least recent, made room
+    assert pre(0, 1) == 10                       # back, shorter: one row
+    assert pre(2, 4) == 20                       # past its prefix with a gap (row 1 is not held): not kept
+    assert line(0)[0] == 10
+    assert l2.access_prefix("K", 0, 0, 20, 0, 8, 20, 10, None) == 200      # a line larger than the L2 streams
+    assert l2.lines.get(("K", 0, 0, 20, 0, 8, "prefix")) is None and l2.used_bytes <= 100
+
+
+def test_prefix_lines_of_one_row_are_the_lines_of_single_rows():
+    """Prefix lines of one row are access_lines' lines of one row: the same misses, request by
+    request, over a stream of growing prefixes (every block reading its keys from 0)."""
+    import random
+    rng = random.Random(3)
+    a, b = L2Cache(300), L2Cache(300)
+    for _ in range(400):
+        r1 = rng.randrange(1, 60)
+        r0 = rng.randrange(0, r1)
+        assert (a.access_prefix("K", 1, r0, r1, 0, 4, 1, 8, None)
+                == b.access_lines("K", 1, r0, r1, 0, 4, 1, 8, False, None))
+        assert a.used_bytes == b.used_bytes
