@@ -80,15 +80,46 @@ def flash3_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages: int, fp
     return (block_q + stages * block_kv * (1 + v_rings)) * wl.head_dim * e + p_tile
 
 
+# FA3's tile scheduler under a causal mask (hopper/tile_scheduler.hpp at commit 0251105a,
+# DynamicPersistentTileScheduler; flash_fwd_launch_template.h: LPT = Is_causal || Is_local): the
+# persistent CTAs take tiles in the order of a counter, "longest-processing-time-first" (a
+# batch-head's query blocks from the last, the longest under the mask, to the first), the
+# batch-heads in sections of `swizzle` so that their K and V fit "32 MB for K & V": swizzle = 1
+# where one K/V head's K and V (seqlen_k x (d + d_v) x element size) exceed it, else the largest
+# power of two whose heads fit, times the query heads a K/V head serves (PackGQA off); within a
+# section the batch-heads turn fastest, then the query blocks. The FA3 release of the paper
+# (commit 3c4053b7) took tiles query block first, in order, as the grid order does.
+LPT_L2_SECTION_BYTES = 32 * 1024 * 1024
+
+
+def lpt_tile(wl: Workload, tr: int, element_size: int):
+    """index -> (batch-head g = b x heads + h, query block i) in FA3's causal tile order (above)."""
+    size = wl.seq_len_kv * 2 * wl.head_dim * element_size          # K and V of one K/V head
+    swizzle = (1 if LPT_L2_SECTION_BYTES < size else 1 << (LPT_L2_SECTION_BYTES // size).bit_length() - 1)
+    swizzle *= wl.group_size
+    groups = wl.groups
+    whole, rest = groups // swizzle, groups % swizzle
+
+    def tile(index: int) -> tuple:
+        section, l2_mod = divmod(index, swizzle * tr)
+        block, r = divmod(l2_mod, swizzle if section < whole else (rest or 1))
+        return section * swizzle + r, tr - 1 - block
+
+    return tile, swizzle
+
+
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
-                   tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True) -> Program:
-    """`stages`: the K/V ring's slots; `intra_wg_overlap` and `pingpong`: the kernel's
-    IntraWGOverlap and UseSchedulerBarrier; `fp8`: Q, K, V in e4m3; `pv_is_rs`: MmaPV_is_RS (P
-    reaches the P V GEMM from registers; false: each warpgroup stores its P to shared memory after
-    its softmax, and the GEMM reads it there). `tiles_per_step` > 1 (fast mode): each simulated
-    step loads and computes that many K/V tiles; counts are the sum of the tiles' own. None of them
-    changes a byte of traffic except `fp8` (1-byte Q, K, V)."""
+                   tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True,
+                   lpt: bool = False) -> Program:
+    """`lpt`: the blocks in FA3's causal tile order (lpt_tile: longest first, batch-heads in L2
+    sections), not the grid's (query block fastest, first to last). `stages`: the K/V ring's
+    slots; `intra_wg_overlap` and `pingpong`: the kernel's IntraWGOverlap and UseSchedulerBarrier;
+    `fp8`: Q, K, V in e4m3; `pv_is_rs`: MmaPV_is_RS (P reaches the P V GEMM from registers; false:
+    each warpgroup stores its P to shared memory after its softmax, and the GEMM reads it there).
+    `tiles_per_step` > 1 (fast mode): each simulated step loads and computes that many K/V tiles;
+    counts are the sum of the tiles' own. None of them changes a byte of traffic except `fp8`
+    (1-byte Q, K, V)."""
     if wl.dropout > 0 or wl.key_padding_mask:
         raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
                           "key_padding_mask = false")
@@ -140,8 +171,10 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
                     exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
 
+    order, swizzle = lpt_tile(wl, tr, e) if lpt else (None, 1)
+
     def block(ctx, index):
-        g, i = divmod(index, tr)
+        g, i = order(index) if lpt else divmod(index, tr)
         rows = block_rows(i, block_q, nq)
         r0, r1 = rows.start, rows.stop
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
@@ -277,7 +310,12 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             yield role
 
     n_wg_max = math.ceil(min(block_q, nq) / WG_ROWS)
+    # blocks a period apart do alike work: in the LPT order, a section of batch-heads (the last one
+    # shorter when swizzle does not divide them: then no period)
+    period = row_blocks_period(wl, block_q, nq)
+    if lpt:
+        period = swizzle * tr if g_count % swizzle == 0 else 0
     launch = Launch("flash3_fwd", g_count * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8), block,
-                    allocs=(O, LSE), tensor_op=op, period=row_blocks_period(wl, block_q, nq),
+                    allocs=(O, LSE), tensor_op=op, period=period,
                     threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)
     return Program("flash3_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

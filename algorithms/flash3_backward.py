@@ -134,11 +134,11 @@ def bwd_gemm_operand_bytes(t: BwdTraits, rows: float, cols: int, d: int, tiles: 
 def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
                     stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
                     tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True,
-                    instructions_per_score: float = 0.0) -> Program:
-    """flash3's forward, then its backward with bwd_blocks (block_q, block_kv); `instructions_per_score`
-    as flash3_backward's."""
+                    instructions_per_score: float = 0.0, lpt: bool = False) -> Program:
+    """flash3's forward (`lpt`: in FA3's causal tile order), then its backward with bwd_blocks
+    (block_q, block_kv); `instructions_per_score` as flash3_backward's."""
     fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
-                         registers_per_thread, pv_is_rs)
+                         registers_per_thread, pv_is_rs, lpt)
     bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1],
                                  instructions_per_score)
     return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})

@@ -49,7 +49,10 @@ class Flash3Blocks:
     """flash3's mapping: the forward's block_q x block_kv, the backward's, the K/V ring's stages,
     each a number or "auto" (the FA3 kernel's own choice); pv_in_registers: whether the forward's
     P V GEMM takes P from registers (MmaPV_is_RS) or from shared memory, true, false or "auto"
-    (the kernel's rule, fa3_forward_tiles). variant "fa3-kernel" (fp16/bf16 as the workload says),
+    (the kernel's rule, fa3_forward_tiles); lpt_order: whether the forward takes its tiles in FA3's
+    causal order (flash3.lpt_tile: longest first, batch-heads in L2 sections), true, false or "auto"
+    (FA3's kernels under a causal mask: DynamicPersistentTileScheduler; cuDNN's order is not known:
+    the grid's). variant "fa3-kernel" (fp16/bf16 as the workload says),
     "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN
     attention on sm90 as FA3's program with its backward's measured instruction count:
     CUDNN_BWD_INSTRUCTIONS_PER_SCORE)."""
@@ -59,6 +62,7 @@ class Flash3Blocks:
     block_kv_bwd: int | str = AUTO
     stages: int | str = AUTO
     pv_in_registers: bool | str = AUTO
+    lpt_order: bool | str = AUTO
     variant: str = FA3_KERNEL
 
 
@@ -122,7 +126,8 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
     out = {"stages": FA3_STAGES if m.stages == AUTO else m.stages,
-           "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers}
+           "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers,
+           "lpt_order": (wl.causal and m.variant != CUDNN) if m.lpt_order == AUTO else m.lpt_order}
     for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
                                    ("block_q_bwd", bq_b, "seq_len_q"), ("block_kv_bwd", bkv_b, "seq_len_kv")):
         value, seq = getattr(m, key), getattr(wl, seq_field)
@@ -168,9 +173,9 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
         instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else 0.0
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q),
-                               pv_is_rs, instructions)
+                               pv_is_rs, instructions, m.lpt_order)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
-                          _registers(m.block_q), pv_is_rs)
+                          _registers(m.block_q), pv_is_rs, m.lpt_order)
 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
@@ -203,12 +208,13 @@ def _describe(m: Flash3Blocks) -> str:
     if (m.block_q_bwd, m.block_kv_bwd) != (m.block_q, m.block_kv):
         text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
     return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" cudnn" if m.variant == CUDNN else "") \
-        + (" P-smem" if m.pv_in_registers is False else "")
+        + (" P-smem" if m.pv_in_registers is False else "") + (" lpt" if m.lpt_order is True else "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"), bool_fields=("pv_in_registers",),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"),
+    bool_fields=("pv_in_registers", "lpt_order"),
     variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

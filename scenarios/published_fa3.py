@@ -38,13 +38,21 @@ PAPER_KERNELS_SOURCE = (
     "flash_bwd_launch_template.h run_mha_bwd_hdim128: Flash_bwd_kernel_traits<128, 64, 128, 12, ...> "
     "(kBlockM 64, today 80 without a mask), hdim64 as today. FP8: hopper/flash_fwd_launch_template.h at "
     "commit 5018ac6a (2024-07-30), run_mha_fwd_fp8_hdim64: kBlockM 192, kBlockN 128, kStages 4 (today "
-    "192 x 160, 2 stages); hdim128: 128 x 256, 2 stages (today 128 x 224); hdim256: 128 x 128 as today")
+    "192 x 160, 2 stages); hdim128: 128 x 256, 2 stages (today 128 x 224); hdim256: 128 x 128 as today. "
+    "Tile order (lpt_order = false on every FA3 run): hopper/tile_scheduler.hpp at 3c4053b7, "
+    "DynamicPersistentTileScheduler, query block first in order, then head, then batch; the FP8 kernel of "
+    "5018ac6a not persistent; today causal kernels take the longest tiles first, in L2 sections")
 PAPER_KERNELS = {
     ("fa3", 64): {"block_q": 192, "block_kv": 128, "pv_in_registers": True, "block_q_bwd": 128, "block_kv_bwd": 128},
     ("fa3", 128): {"block_q_bwd": 64, "block_kv_bwd": 128},
     ("fa3-fp8", 64): {"block_q": 192, "block_kv": 128, "stages": 4},
     ("fa3-fp8", 128): {"block_q": 128, "block_kv": 256, "stages": 2},
 }
+# The FA3 kernels the paper timed took their tiles in the grid's order (commit 3c4053b7:
+# DynamicPersistentTileScheduler maps its counter to query block first, then head, then batch, in
+# order; the FP8 kernel of 5018ac6a had no persistent scheduler), not today's longest-first order in
+# L2 sections (flash3.lpt_tile), so every FA3 run of the set records lpt_order = false.
+PAPER_TILE_ORDER = {"lpt_order": False}
 
 # The paper's GPU ran at a locked clock (appendix C.1: "To reduce variability, we fix the GPU clock
 # speed to 1830MHz (clock speed used to calculate the 989 TFLOPS FP16 theoretical max throughput)").
@@ -114,6 +122,7 @@ def convert_fa3_paper_csv(csv_path: str | Path = FA3_PAPER_CSV) -> dict:
                 "read_off": row["read_off"], "citation": row["source"],
                 "calls": "back-to-back",      # a loop of calls, the host running ahead (FA3_PAPER_PROVENANCE's timing)
                 **PAPER_KERNELS.get((row["implementation"], int(row["head_dim"])), {}),
+                **(PAPER_TILE_ORDER if algorithm == "flash3" else {}),
             })
     return {"source": "published", "provenance": {**FA3_PAPER_PROVENANCE, "implementations": {
         name: f"hbmsim algorithm {a}, variant {v}: {what}" for name, (a, v, what) in IMPLEMENTATIONS.items()}},

@@ -2,6 +2,7 @@
 reference, the kernel's own tiles, refusal without TMA/wgmma, and the schedule's effect on time."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -195,6 +196,54 @@ def test_the_paper_set_is_simulated_with_the_kernel_the_paper_timed():
     assert got[("fa3-kernel", 256, False)][:4] == (128, 80, 2, True)
     assert got[("fp8", 64, False)][:3] == (192, 128, 4)
     assert got[("fp8", 128, True)][:3] == (128, 256, 2)
+    # the grid's tile order, not today's longest-first (published_fa3.PAPER_TILE_ORDER)
+    assert {resolved_mapping(c).lpt_order for c in configs if c.run.algorithm == "flash3"} == {False}
+
+
+def test_fa3_causal_tile_order_worked_by_hand():
+    """flash3.lpt_tile, FA3's DynamicPersistentTileScheduler (hopper/tile_scheduler.hpp): longest query
+    block first, the batch-heads in sections whose K and V fit 32 MB, batch-heads fastest in a section."""
+    from hbmsim.algorithms.flash3 import lpt_tile
+    # K and V of a head: 1024 x 2 x 64 x 2 B = 256 KB, so 128 heads fit 32 MB: one section of the 4
+    # batch-heads (batch 2 x 2 heads), 8 query blocks each
+    tile, swizzle = lpt_tile(Workload(2, 2, 1024, 1024, 64), 8, 2)
+    assert swizzle == 128
+    assert [tile(k) for k in range(6)] == [(0, 7), (1, 7), (2, 7), (3, 7), (0, 6), (1, 6)]
+    assert tile(31) == (3, 0)
+    # N = 65536, head dim 128: 65536 x 2 x 128 x 2 B = 33.5 MB > 32 MB, one K/V head a section; 4
+    # query heads on 2 K/V heads (PackGQA off): a section is the 2 query heads of one K/V head
+    wl = Workload(1, 4, 65536, 65536, 128, kv_heads=2)
+    tile, swizzle = lpt_tile(wl, 512, 2)
+    assert swizzle == 2
+    assert [tile(k) for k in (0, 1, 2, 1023, 1024)] == [(0, 511), (1, 511), (0, 510), (1, 0), (2, 511)]
+    assert sorted(tile(k) for k in range(4 * 512)) == [(g, i) for g in range(4) for i in range(512)]
+    # K and V of a head 40000 x 2 x 64 x 2 B = 10.2 MB: 3 fit, rounded down to a power of two, 2; 3
+    # batch-heads in sections of 2: the last section (the remainder) is one batch-head
+    tile, swizzle = lpt_tile(Workload(3, 1, 512, 40000, 64), 4, 2)
+    assert swizzle == 2 and [tile(k) for k in range(8, 12)] == [(2, 3), (2, 2), (2, 1), (2, 0)]
+
+
+def test_fa3_takes_the_causal_tile_order_by_default_and_keeps_its_counts():
+    """lpt_order "auto": FA3's kernels (fa3-kernel, fp8) under a causal mask; not cuDNN's (its order is
+    not known) nor without a mask. The order moves no byte: the counts equal the grid order's and the
+    closed forms; it moves the time (N = 4096, batch 4, 16 heads, H100: the longest blocks first)."""
+    from hbmsim.scenarios.experiment import Config, RunSpec
+    from hbmsim.scenarios.runner import resolve_mapping, run_config
+    gpu = resolve_hardware("h100-sxm5-80gb")
+    wl = Workload(4, 16, 4096, 4096, 128, causal=True)
+    mapping = lambda variant, causal=True, **kw: resolve_mapping(Config(
+        gpu, dataclasses.replace(wl, causal=causal), RunSpec("flash3", ("forward",), {"variant": variant, **kw})))[0]
+    assert mapping("fa3-kernel").lpt_order is True and mapping("fp8").lpt_order is True
+    assert mapping("cudnn-sm90").lpt_order is False and mapping("fa3-kernel", causal=False).lpt_order is False
+    assert mapping("fa3-kernel", lpt_order=False).lpt_order is False
+    runs = {}
+    for lpt in (True, False):
+        cfg = Config(gpu, wl, RunSpec("flash3", ("forward",), {"lpt_order": lpt}))
+        cfg = dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+        runs[lpt] = run_config(cfg, count_only=True)[0]
+    for key in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops"):
+        assert runs[True][key] == runs[False][key], key
+    assert runs[True]["time_s"] != runs[False]["time_s"]
 
 
 def test_shipped_published_set_is_the_conversion_of_its_csv():
