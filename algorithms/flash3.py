@@ -108,6 +108,27 @@ def lpt_tile(wl: Workload, tr: int, element_size: int):
     return tile, swizzle
 
 
+# The backward under a causal mask (hopper/flash_bwd_launch_template.h: SingleTileBwdLPTScheduler when
+# Is_causal; SPT, the reverse, only when deterministic): K/V blocks first to last, which under the
+# mask are longest first, the batch-heads in sections whose Q, dO and fp32 dQ accumulator fit "40 MB
+# for Q, dO, and dQaccum" (seqlen_k x ((d + d_v) x element size + d x 4) a head), turning fastest.
+LPT_BWD_L2_SECTION_BYTES = 40 * 1024 * 1024
+
+
+def lpt_bwd_tile(wl: Workload, tc: int, element_size: int):
+    """index -> the grid's index (batch-head x tc + K/V block) in FA3's causal backward order (above)."""
+    size = wl.seq_len_kv * (2 * wl.head_dim * element_size + wl.head_dim * 4)
+    swizzle = 1 if LPT_BWD_L2_SECTION_BYTES < size else 1 << (LPT_BWD_L2_SECTION_BYTES // size).bit_length() - 1
+    whole, rest = wl.groups // swizzle, wl.groups % swizzle
+
+    def tile(index: int) -> int:
+        section, l2_mod = divmod(index, swizzle * tc)
+        block, r = divmod(l2_mod, swizzle if section < whole else (rest or 1))
+        return (section * swizzle + r) * tc + block
+
+    return tile, swizzle
+
+
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
                    tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True,

@@ -36,7 +36,7 @@ from hbmsim.simulator.time_model import FP32, INSTRUCTIONS, WGMMA
 from .backward_common import bwd_ds_flops, bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
 from .flash2_backward import flash2_backward
-from .flash3 import flash3_forward
+from .flash3 import flash3_forward, lpt_bwd_tile
 from .workload import AttentionData, Workload, allowed
 
 
@@ -135,19 +135,20 @@ def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                     stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
                     tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True,
                     instructions_per_score: float = 0.0, lpt: bool = False) -> Program:
-    """flash3's forward (`lpt`: in FA3's causal tile order), then its backward with bwd_blocks
-    (block_q, block_kv); `instructions_per_score` as flash3_backward's."""
+    """flash3's forward, then its backward with bwd_blocks (block_q, block_kv), `lpt`: both in FA3's
+    causal tile order; `instructions_per_score` as flash3_backward's."""
     fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
                          registers_per_thread, pv_is_rs, lpt)
     bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1],
-                                 instructions_per_score)
+                                 instructions_per_score, lpt)
     return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
 
 
 def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
                     stages_do: int = 2, warpgroups: int = 2, q_step: int = 1,
-                    instructions_per_score: float = 0.0) -> tuple:
-    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `instructions_per_score`
+                    instructions_per_score: float = 0.0, lpt: bool = False) -> tuple:
+    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `lpt`: the main kernel's
+    blocks in FA3's causal order (flash3.lpt_bwd_tile), not the grid's. `instructions_per_score`
     (a kernel whose count Nsight measured: flash3_spec.CUDNN_BWD_INSTRUCTIONS_PER_SCORE; 0: FA3's
     counted operations): the main kernel's warp instructions a score, all issued in the step's
     softmax phase, the warpgroups being off the tensor pipe there (the PdS barrier), at the warp
@@ -199,8 +200,10 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                  sram_bytes=round((dkv_bytes / 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0)) / warpgroups)))
     all_cols, one = slice(0, d), slice(0, 1)
 
+    order, swizzle = lpt_bwd_tile(wl, tc, e) if lpt else (None, 1)
+
     def main(ctx, index):
-        g, cols, nc, i_first = kv_block(wl, index, tc, block_kv, block_q)
+        g, cols, nc, i_first = kv_block(wl, order(index) if lpt else index, tc, block_kv, block_q)
         c0, c1 = cols.start, cols.stop
         if i_first >= tr:        # no query sees this block: its gradients are zero
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
@@ -261,9 +264,12 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
             yield role
         yield from ctx.store_tiles((dK[g], cols, all_cols, acc["dk"]), (dV[g], cols, all_cols, acc["dv"]))
 
+    # blocks a period apart do alike work: in the LPT order, a section of batch-heads (none when the
+    # last section is shorter)
+    period = (swizzle * tc if g_count % swizzle == 0 else 0) if lpt else row_blocks_period(wl, block_kv, nk)
     main_launch = Launch("flash3_bwd", g_count * tc, flash3_bwd_sram_bytes(wl, block_q, block_kv, stages_do), main,
-                         allocs=(dK, dV), pass_name="backward", tensor_op=WGMMA,
-                         period=row_blocks_period(wl, block_kv, nk), threads_per_block=128 * (warpgroups + 1),
+                         allocs=(dK, dV), pass_name="backward", tensor_op=WGMMA, period=period,
+                         threads_per_block=128 * (warpgroups + 1),
                          host_ops=0, vector_work=INSTRUCTIONS if instructions_per_score else FP32)
     renamed = [dataclasses.replace(pre, name="flash3_bwd_preprocess"), main_launch,
                dataclasses.replace(convert, name="flash3_bwd_convert_dq")]

@@ -49,8 +49,9 @@ class Flash3Blocks:
     """flash3's mapping: the forward's block_q x block_kv, the backward's, the K/V ring's stages,
     each a number or "auto" (the FA3 kernel's own choice); pv_in_registers: whether the forward's
     P V GEMM takes P from registers (MmaPV_is_RS) or from shared memory, true, false or "auto"
-    (the kernel's rule, fa3_forward_tiles); lpt_order: whether the forward takes its tiles in FA3's
-    causal order (flash3.lpt_tile: longest first, batch-heads in L2 sections), true, false or "auto"
+    (the kernel's rule, fa3_forward_tiles); lpt_order: whether both passes take their tiles in FA3's
+    causal order (flash3.lpt_tile, lpt_bwd_tile: longest first, batch-heads in L2 sections), true,
+    false or "auto"
     (FA3's kernels under a causal mask: DynamicPersistentTileScheduler; cuDNN's order is not known:
     the grid's). variant "fa3-kernel" (fp16/bf16 as the workload says),
     "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN

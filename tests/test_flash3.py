@@ -223,6 +223,20 @@ def test_fa3_causal_tile_order_worked_by_hand():
     assert swizzle == 2 and [tile(k) for k in range(8, 12)] == [(2, 3), (2, 2), (2, 1), (2, 0)]
 
 
+def test_fa3_causal_backward_order_worked_by_hand():
+    """flash3.lpt_bwd_tile, FA3's SingleTileBwdLPTScheduler: K/V blocks first to last (longest first
+    under the mask), the batch-heads in sections whose Q, dO and fp32 dQ accumulator fit 40 MB."""
+    from hbmsim.algorithms.flash3 import lpt_bwd_tile
+    # a head's Q, dO and dQaccum: 1024 x (2 x 64 x 2 + 64 x 4) B = 512 KB, so 80 fit: 64, one
+    # section of the 4 batch-heads, 8 K/V blocks each, the batch-heads fastest
+    tile, swizzle = lpt_bwd_tile(Workload(2, 2, 1024, 1024, 64), 8, 2)
+    assert swizzle == 64 and [tile(k) for k in range(6)] == [0, 8, 16, 24, 1, 9]
+    assert sorted(tile(k) for k in range(32)) == list(range(32))
+    # N = 65536, head dim 128: 64 MB a head, more than 40: the grid's own order
+    tile, swizzle = lpt_bwd_tile(Workload(1, 4, 65536, 65536, 128), 512, 2)
+    assert swizzle == 1 and [tile(k) for k in (0, 1, 511, 512, 2047)] == [0, 1, 511, 512, 2047]
+
+
 def test_fa3_takes_the_causal_tile_order_by_default_and_keeps_its_counts():
     """lpt_order "auto": FA3's kernels (fa3-kernel, fp8) under a causal mask; not cuDNN's (its order is
     not known) nor without a mask. The order moves no byte: the counts equal the grid order's and the
@@ -244,6 +258,16 @@ def test_fa3_takes_the_causal_tile_order_by_default_and_keeps_its_counts():
     for key in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops"):
         assert runs[True][key] == runs[False][key], key
     assert runs[True]["time_s"] != runs[False]["time_s"]
+    # training (the backward's order too): the same counts, both passes
+    small = Workload(1, 4, 1024, 1024, 64, causal=True)
+    training = {}
+    for lpt in (True, False):
+        cfg = Config(gpu, small, RunSpec("flash3", ("forward", "backward"), {"lpt_order": lpt}))
+        cfg = dataclasses.replace(cfg, mapping=resolve_mapping(cfg)[0])
+        training[lpt] = run_config(cfg, count_only=True)
+    for a, b in zip(training[True], training[False]):
+        for key in ("global_read_bytes", "global_write_bytes", "matmul_flops", "vector_flops", "exp_ops"):
+            assert a[key] == b[key], (a["pass"], key)
 
 
 def test_shipped_published_set_is_the_conversion_of_its_csv():
