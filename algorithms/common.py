@@ -228,6 +228,16 @@ def bwd_tiles_per_step(wl: Workload, block_q: int, block_kv: int) -> int:
                           blocks if blocks >= CAUSAL_BWD_MIN_BLOCKS else 0)
 
 
+def fa2_batch_head(wl: Workload, bh: int) -> int:
+    """The batch-head g = b x heads + h at place `bh` of FA2's grids, which are (blocks, batch,
+    heads) (flash_fwd_launch_template.h: dim3 grid(num_m_block, params.b, params.h); the backward's
+    alike): blocks are handed out in the grid's order, so a block's batch turns before its head,
+    bh = h x batch + b. Alike batch-heads run alike; where query heads share K and V (grouped-query
+    attention, batch > 1), the heads of a group are `batch` x blocks apart, not side by side."""
+    h, b = divmod(bh, wl.batch)
+    return b * wl.heads + h
+
+
 def row_blocks_period(wl: Workload, block: int, seq_len: int) -> int:
     """The `period` (program.Launch) of a launch with one block per (batch-head, block of
     `block` rows of a `seq_len`-long side): every block alike when no mask makes them differ

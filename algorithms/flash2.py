@@ -25,7 +25,7 @@ from hbmsim.simulator.time_model import MMA_SYNC
 from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
 from . import common
-from .common import long_causal
+from .common import fa2_batch_head, long_causal
 from .common import tiles_per_step as coarse_step
 from .flash2_teaching import teaching_aligned
 from .paged import KVLayout
@@ -189,7 +189,9 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         return [(c0, min(kv_end, c0 + step_cols)) for c0 in starts]
 
     def block(ctx, index):
-        g, i = divmod(index, tr)
+        bh, i = divmod(index, tr)
+        # FA2's grid (blocks, batch, heads); the teaching kernel's is its own (batch-heads in order)
+        g = bh if teaching else fa2_batch_head(wl, bh)
         rows = block_rows(i, block_q, nq)
         r0, r1, n = rows.start, rows.stop, rows.stop - rows.start
         # the rows the block computes: FA2's kernel runs its MMAs and softmax over every row of its

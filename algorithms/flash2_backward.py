@@ -24,7 +24,7 @@ from hbmsim.simulator.time_model import MMA_SYNC
 from .backward_common import (bwd_vector_flops, d_o_tensor, grad_tensor, kv_block, named, recompute_p,
                               tile_grads, unseen_kv_block)
 from .gqa import kv_grad_tensors, reduce_kv_grads
-from .common import STATS_DTYPE, block_rows, load_kv_len, row_blocks_period, scaled_keep_mask
+from .common import STATS_DTYPE, block_rows, fa2_batch_head, load_kv_len, row_blocks_period, scaled_keep_mask
 from .flash2 import flash2_forward
 from .workload import AttentionData, Workload, allowed
 
@@ -115,9 +115,12 @@ def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
 
 
 def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
-                    warps: int = 1, q_step: int = 1, registers_per_thread: int = 0) -> tuple:
+                    warps: int = 1, q_step: int = 1, registers_per_thread: int = 0,
+                    batch_first: bool = True) -> tuple:
     """Algorithm 2's launches after the forward `fwd`, with block_q x block_kv, and its gradients
-    {dQ, dK, dV}. `warps`: the backward kernel's; `q_step`: query tiles one simulated step covers."""
+    {dQ, dK, dV}. `warps`: the backward kernel's; `q_step`: query tiles one simulated step covers;
+    `batch_first`: FA2's grids (blocks, batch, heads), a block's batch turning before its head
+    (common.fa2_batch_head); false: the batch-heads in order, heads first (FA3's grids)."""
     warps_bwd = warps
     atoms = fa2_bwd_atoms(wl, warps_bwd)
     tensors = named(fwd)
@@ -137,8 +140,12 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     def q_rows(i):
         return block_rows(i, block_q, nq)
 
+    def batch_head(bh):
+        return fa2_batch_head(wl, bh) if batch_first else bh
+
     def dot_do_o(ctx, index):
-        g, i = divmod(index, tr)
+        bh, i = divmod(index, tr)
+        g = batch_head(bh)
         rows = q_rows(i)
         n = rows.stop - rows.start
         d_o, o = yield from ctx.load_tiles((dO[g], rows, all_cols), (O[g], rows, all_cols))
@@ -150,7 +157,8 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
                                    (dQacc[g], rows, all_cols, np.zeros((n, d)) if numeric else None))
 
     def bwd(ctx, index):
-        g, cols, nc, i_first = kv_block(wl, index, tc, block_kv, block_q)
+        bh, j = divmod(index, tc)
+        g, cols, nc, i_first = kv_block(wl, batch_head(bh) * tc + j, tc, block_kv, block_q)
         c0, c1 = cols.start, cols.stop
         if i_first >= tr:       # no query sees this block: its gradients are zero
             yield from unseen_kv_block(ctx, dK, dV, g, cols, d, numeric)
@@ -206,7 +214,8 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         yield from ctx.store_tiles((dK[g], cols, all_cols, dk_acc), (dV[g], cols, all_cols, dv_acc))
 
     def convert_dq(ctx, index):
-        g, i = divmod(index, tr)
+        bh, i = divmod(index, tr)
+        g = batch_head(bh)
         rows = q_rows(i)
         acc = yield from ctx.load(dQacc[g], rows, all_cols)
         yield from ctx.store(dQ[g], rows, all_cols, acc)

@@ -154,7 +154,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     softmax phase, the warpgroups being off the tensor pipe there (the PdS barrier), at the warp
     schedulers' rate (Launch.vector_work "instructions": the vector count is instructions x 32
     lanes, as PyTorch's counted kernels')."""
-    fa2, grads = flash2_backward(wl, fwd, block_q, block_kv, data, warps=8, q_step=q_step)
+    fa2, grads = flash2_backward(wl, fwd, block_q, block_kv, data, warps=8, q_step=q_step, batch_first=False)
     pre, fa2_main, convert, *sums = fa2
     dO, D, dQacc = pre.allocs
     dK, dV = fa2_main.allocs

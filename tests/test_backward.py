@@ -225,3 +225,16 @@ def test_tiny_blocks_and_tiles(blocks):
         assert counted_backward(prog) == spec.io(wl, m, "backward"), (spec.name, variant)
         fwd = {n: (t.read, t.write) for n, t in simulate(GPU, prog).tensors("forward").items()}
         assert fwd == spec.io(wl, m, "forward"), (spec.name, variant)
+
+
+def test_fa2_grids_turn_the_batch_before_the_head():
+    """FA2's grids are (blocks, batch, heads) (flash_fwd_launch_template.h: dim3 grid(num_m_block,
+    params.b, params.h)), so the batch-heads come in the order b0h0, b1h0, b0h1, ... (common.fa2_batch_head),
+    g = b x heads + h. Batch 2, 3 heads."""
+    from hbmsim.algorithms.common import fa2_batch_head
+    from hbmsim.algorithms.workload import Workload
+    wl = Workload(2, 3, 64, 64, 16)
+    assert [fa2_batch_head(wl, bh) for bh in range(6)] == [0, 3, 1, 4, 2, 5]
+    # grouped-query heads (2 query heads a K/V head): the two heads of a group are a batch apart
+    gqa = Workload(2, 4, 64, 64, 16, kv_heads=2)
+    assert [gqa.kv_group(fa2_batch_head(gqa, bh)) for bh in range(8)] == [0, 2, 0, 2, 1, 3, 1, 3]
