@@ -178,10 +178,11 @@ CAUSAL_BWD_MIN_BLOCKS = 2048
 # longest loop has more than LONG_CAUSAL_TILES tiles, in a grid of LONG_CAUSAL_MIN_BLOCKS blocks or
 # more (31 waves of two blocks an SM on a 132-SM GPU: in 8 to 16 waves, where a causal launch's last
 # and longest blocks land moved its time by up to 2-4% either way), every block takes
-# tiles // LONG_CAUSAL_STEPS_PER_BLOCK a step, and every K/V load stays in the L2 as prefix lines (tensor.L2Lines
-# with prefix: every block streams K and V from key 0, so a line is the prefix of its tiles read so
-# far; l2.py sizes the lines by the cache), so that a step costs the L2 a line or two, not a line a
-# tile. Measured against the full simulation: docs/speed.md, "Long causal contexts".
+# tiles // LONG_CAUSAL_STEPS_PER_BLOCK a step, and every K/V load stays in the L2 as prefix lines
+# (tensor.L2Lines with prefix: every block streams K and V from key 0, so a line is the prefix of
+# its tiles read so far; l2.py sizes the lines by the cache), so that a step costs the L2 a line or
+# two, not a line a tile. Measured against the full simulation: docs/speed.md, "Long causal
+# contexts".
 LONG_CAUSAL_TILES = 512
 LONG_CAUSAL_STEPS_PER_BLOCK = 32
 LONG_CAUSAL_MIN_BLOCKS = 8192

@@ -22,10 +22,10 @@ from hbmsim.simulator import Launch, Program
 from hbmsim.simulator.tensor import L2Lines, Strided
 from hbmsim.simulator.time_model import MMA_SYNC
 
-from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
-                     online_softmax_vector_flops, output, row_blocks_period, scaled_keep_mask)
 from . import common
-from .common import fa2_batch_head, long_causal
+from .common import (STATS_DTYPE, block_rows, fa2_batch_head, long_causal, normalised_rows, unnormalised_softmax_step,
+                     input_tensors, masked_scores, online_softmax_vector_flops, output, row_blocks_period,
+                     scaled_keep_mask)
 from .common import tiles_per_step as coarse_step
 from .flash2_teaching import teaching_aligned
 from .paged import KVLayout
@@ -183,14 +183,16 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         causal mask's short rows keep steps of one tile."""
         tiles = math.ceil(kv_end / block_kv)
         # a long causal launch (common.long_causal): every block a fixed number of steps
-        own = max(1, tiles // common.LONG_CAUSAL_STEPS_PER_BLOCK) if prefix else coarse_step(tiles, even=not wl.causal)
+        own = (max(1, tiles // common.LONG_CAUSAL_STEPS_PER_BLOCK) if prefix is not None
+               else coarse_step(tiles, even=not wl.causal))
         step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
         starts = range(0, kv_end, step_cols)
         return [(c0, min(kv_end, c0 + step_cols)) for c0 in starts]
 
     def block(ctx, index):
         bh, i = divmod(index, tr)
-        # FA2's grid (blocks, batch, heads); the teaching kernel's is its own (batch-heads in order)
+        # FA2's grid (blocks, batch, heads); the teaching kernel's (flash_attention.cu) is (query block,
+        # batch-head): batch-heads in order
         g = bh if teaching else fa2_batch_head(wl, bh)
         rows = block_rows(i, block_q, nq)
         r0, r1, n = rows.start, rows.stop, rows.stop - rows.start

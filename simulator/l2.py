@@ -170,13 +170,17 @@ class L2Cache:
                         miss += (b - a) * row_bytes
                     else:                          # the prefix grows by the rows past it
                         extra = (b - held) * row_bytes
-                        miss += extra
                         line[0] += extra
-                        self.inserted_bytes += extra
-                        if line[0] > self.capacity_bytes:      # larger than the L2: it streams through
+                        if self.warm_lines and self._from_warm(uid, extra):   # still in its warm line: a hit
+                            pass                   # (_from_warm moved the bytes and made room)
+                        elif line[0] > self.capacity_bytes:      # larger than the L2: it streams through
+                            miss += extra
+                            self.inserted_bytes += extra
                             del resident[key]
                             self.used_bytes -= line[0] - extra
                         else:
+                            miss += extra
+                            self.inserted_bytes += extra
                             self.used_bytes = self._evict_until(self.used_bytes + extra)
             s0 = s1
         return miss

@@ -186,3 +186,14 @@ def test_prefix_lines_of_one_row_are_the_lines_of_single_rows():
         assert (a.access_prefix("K", 1, r0, r1, 0, 4, 1, 8, None)
                 == b.access_lines("K", 1, r0, r1, 0, 4, 1, 8, False, None))
         assert a.used_bytes == b.used_bytes
+
+
+def test_prefix_lines_take_a_warm_tensor_s_bytes():
+    """A tensor that starts resident (`warm`, as the copy that made it leaves it): its prefix lines'
+    rows, new or grown, are served by the L2 while its warm line lasts."""
+    l2 = L2Cache(1000)
+    l2.warm("K", 300, ("K", "input"))
+    pre = lambda r0, r1: l2.access_prefix("K", 0, r0, r1, 0, 8, 4, 10, ("K", "forward"))
+    assert pre(0, 2) == 0 and pre(0, 4) == 0 and pre(4, 8) == 0      # 80 of the warm 300 bytes
+    assert l2.lines[("warm", "K")][0] == 220 and l2.used_bytes == 300
+    assert pre(0, 4) == 0                                              # a hit in its own line now
