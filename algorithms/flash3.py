@@ -92,18 +92,40 @@ def flash3_sram_bytes(wl: Workload, block_q: int, block_kv: int, stages: int, fp
 LPT_L2_SECTION_BYTES = 32 * 1024 * 1024
 
 
+def _swizzle(section_bytes: int, head_bytes: int) -> int:
+    """Batch-heads a section of FA3's tile schedulers holds: 1 where one head's bytes exceed the
+    section's, else the largest power of two of heads that fit (find_log2_floor in the source)."""
+    return 1 if section_bytes < head_bytes else 1 << (section_bytes // head_bytes).bit_length() - 1
+
+
+def _sections(groups: int, blocks: int, swizzle: int):
+    """index -> (batch-head, block) in sections of `swizzle` batch-heads (the last, the remainder,
+    may be shorter), the batch-heads turning fastest within a section, then the blocks."""
+    whole, rest = divmod(groups, swizzle)
+
+    def place(index: int) -> tuple:
+        section, l2_mod = divmod(index, swizzle * blocks)
+        block, r = divmod(l2_mod, swizzle if section < whole else (rest or 1))
+        return section * swizzle + r, block
+
+    return place
+
+
+def lpt_period(groups: int, blocks: int, swizzle: int) -> int:
+    """A launch's `period` in its LPT order: a section of batch-heads, blocks a period apart doing
+    alike work; none (0) when the last section is shorter."""
+    return swizzle * blocks if groups % swizzle == 0 else 0
+
+
 def lpt_tile(wl: Workload, tr: int, element_size: int):
     """index -> (batch-head g = b x heads + h, query block i) in FA3's causal tile order (above)."""
-    size = wl.seq_len_kv * 2 * wl.head_dim * element_size          # K and V of one K/V head
-    swizzle = (1 if LPT_L2_SECTION_BYTES < size else 1 << (LPT_L2_SECTION_BYTES // size).bit_length() - 1)
-    swizzle *= wl.group_size
-    groups = wl.groups
-    whole, rest = groups // swizzle, groups % swizzle
+    # K and V of one K/V head, times the query heads it serves (PackGQA off)
+    swizzle = _swizzle(LPT_L2_SECTION_BYTES, wl.seq_len_kv * 2 * wl.head_dim * element_size) * wl.group_size
+    place = _sections(wl.groups, tr, swizzle)
 
     def tile(index: int) -> tuple:
-        section, l2_mod = divmod(index, swizzle * tr)
-        block, r = divmod(l2_mod, swizzle if section < whole else (rest or 1))
-        return section * swizzle + r, tr - 1 - block
+        g, block = place(index)
+        return g, tr - 1 - block                  # longest first
 
     return tile, swizzle
 
@@ -117,14 +139,13 @@ LPT_BWD_L2_SECTION_BYTES = 40 * 1024 * 1024
 
 def lpt_bwd_tile(wl: Workload, tc: int, element_size: int):
     """index -> the grid's index (batch-head x tc + K/V block) in FA3's causal backward order (above)."""
-    size = wl.seq_len_kv * (2 * wl.head_dim * element_size + wl.head_dim * 4)
-    swizzle = 1 if LPT_BWD_L2_SECTION_BYTES < size else 1 << (LPT_BWD_L2_SECTION_BYTES // size).bit_length() - 1
-    whole, rest = wl.groups // swizzle, wl.groups % swizzle
+    # Q and dO of a head, and its fp32 dQ accumulator
+    swizzle = _swizzle(LPT_BWD_L2_SECTION_BYTES, wl.seq_len_kv * (2 * wl.head_dim * element_size + wl.head_dim * 4))
+    place = _sections(wl.groups, tc, swizzle)
 
     def tile(index: int) -> int:
-        section, l2_mod = divmod(index, swizzle * tc)
-        block, r = divmod(l2_mod, swizzle if section < whole else (rest or 1))
-        return (section * swizzle + r) * tc + block
+        g, block = place(index)
+        return g * tc + block
 
     return tile, swizzle
 
@@ -331,11 +352,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             yield role
 
     n_wg_max = math.ceil(min(block_q, nq) / WG_ROWS)
-    # blocks a period apart do alike work: in the LPT order, a section of batch-heads (the last one
-    # shorter when swizzle does not divide them: then no period)
-    period = row_blocks_period(wl, block_q, nq)
-    if lpt:
-        period = swizzle * tr if g_count % swizzle == 0 else 0
+    period = lpt_period(g_count, tr, swizzle) if lpt else row_blocks_period(wl, block_q, nq)
     launch = Launch("flash3_fwd", g_count * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8), block,
                     allocs=(O, LSE), tensor_op=op, period=period,
                     threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)

@@ -36,7 +36,7 @@ from hbmsim.simulator.time_model import FP32, INSTRUCTIONS, WGMMA
 from .backward_common import bwd_ds_flops, bwd_vector_flops, kv_block, recompute_p, tile_grads, unseen_kv_block
 from .common import block_rows, row_blocks_period
 from .flash2_backward import flash2_backward
-from .flash3 import flash3_forward, lpt_bwd_tile
+from .flash3 import flash3_forward, lpt_bwd_tile, lpt_period
 from .workload import AttentionData, Workload, allowed
 
 
@@ -264,9 +264,7 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
             yield role
         yield from ctx.store_tiles((dK[g], cols, all_cols, acc["dk"]), (dV[g], cols, all_cols, acc["dv"]))
 
-    # blocks a period apart do alike work: in the LPT order, a section of batch-heads (none when the
-    # last section is shorter)
-    period = (swizzle * tc if g_count % swizzle == 0 else 0) if lpt else row_blocks_period(wl, block_kv, nk)
+    period = lpt_period(g_count, tc, swizzle) if lpt else row_blocks_period(wl, block_kv, nk)
     main_launch = Launch("flash3_bwd", g_count * tc, flash3_bwd_sram_bytes(wl, block_q, block_kv, stages_do), main,
                          allocs=(dK, dV), pass_name="backward", tensor_op=WGMMA, period=period,
                          threads_per_block=128 * (warpgroups + 1),
