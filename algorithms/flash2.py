@@ -103,7 +103,7 @@ def warp_instructions(wl: Workload, step_instructions: tuple, tile_rows: int, bl
 def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                    warps: int = 1, tiles_per_step: int = 1, registers_per_thread: int = 0,
                    teaching: bool = False, tile_rows: int = 0, fixed_instructions: int = 0,
-                   step_instructions: tuple = ()) -> Program:
+                   step_instructions: tuple = (), whole_kv: bool = False) -> Program:
     """`warps`: the kernel's kNWarps, which split the query rows (kernel_traits.h: the tiled MMA
     lays the warps out along M), so that every warp reads all of K_j and V_j from shared memory
     for its own rows; it sets the SRAM reads the time model sees, never a byte of traffic.
@@ -119,7 +119,10 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     known), run after the loop as a dependent chain (context.chain); never a byte of traffic.
     `step_instructions`: (tile rows, block_kv, warps, a warp's instructions a K/V step) as Nsight
     counted them in the compiled kernel (flash2_spec.FA2_FWD_STEP_INSTRUCTIONS; empty: not known),
-    for the time model's warp_issue effect where this kernel's tile is that one; never a byte."""
+    for the time model's warp_issue effect where this kernel's tile is that one; never a byte.
+    `whole_kv`: a last K/V tile past seq_len_kv computes all block_kv of its columns, as the
+    kernel's MMAs and softmax do (its keys past the sequence are loaded as zeros and masked to
+    -inf: flash_fwd_kernel.h, Is_even_MN false); false: its real columns only."""
     g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
     tensors = input_tensors(wl, data, paged=True)
     kv = KVLayout(wl, tensors, data)          # contiguous, or paged (algorithms/paged.py)
@@ -219,7 +222,7 @@ def flash2_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         for s_i, (c0, c_end) in enumerate(steps):
             cols, tiles = kv_cols(c0, c_end)
             c1, nc = cols.stop, cols.stop - c0
-            qk_work, pv_work = step_works(n_work, nc, tiles)
+            qk_work, pv_work = step_works(n_work, tiles * block_kv if whole_kv else nc, tiles)
             k = kv.join((yield from ctx.wait(k_next)))
             v_next = ctx.prefetch(*kv_tiles("V", kg, c0, c1))
             yield from ctx.compute(**qk_work)

@@ -99,28 +99,35 @@ def bwd_sram_read_elements(n: int, nc: int, d: int, warps: int, atoms: tuple) ->
 def flash2_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None,
                     bwd_blocks: tuple | None = None, warps: tuple = (1, 1), tiles_per_step: tuple = (1, 1),
                     registers_per_thread: int = 0, fixed_instructions: int = 0,
-                    step_instructions: tuple = ()) -> Program:
+                    step_instructions: tuple = (), tile_rows: int = 0, whole_tiles: bool = False) -> Program:
     """The forward with block_q x block_kv, then the backward with bwd_blocks (block_q, block_kv)
     when given (the FA2 kernel picks the backward's blocks separately), else the same blocks.
     `warps` (forward, backward) set the shared-memory reads the time model sees (with 1 warp
     every operand is read once); they never change a byte of traffic. `tiles_per_step`
     (forward K/V tiles, backward query tiles; fast mode): tiles one simulated step covers.
     `registers_per_thread`: the compiled kernels' (0: not known), for the `registers` effect;
-    `fixed_instructions`, `step_instructions`: the forward's (flash2_forward)."""
+    `fixed_instructions`, `step_instructions`, `tile_rows`: the forward's (flash2_forward);
+    `whole_tiles`: both passes compute their kernels' whole tiles at the sequence's ends (the
+    forward's whole_kv, the backward's whole_tiles)."""
     fwd = flash2_forward(wl, block_q, block_kv, data, warps[0], tiles_per_step[0], registers_per_thread,
-                         fixed_instructions=fixed_instructions, step_instructions=step_instructions)
+                         fixed_instructions=fixed_instructions, step_instructions=step_instructions,
+                         tile_rows=tile_rows, whole_kv=whole_tiles)
     bwd, grads = flash2_backward(wl, fwd, *(bwd_blocks or (block_q, block_kv)), data, warps=warps[1],
-                                 q_step=tiles_per_step[1], registers_per_thread=registers_per_thread)
+                                 q_step=tiles_per_step[1], registers_per_thread=registers_per_thread,
+                                 whole_tiles=whole_tiles)
     return Program("flash2_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
 
 
 def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
                     warps: int = 1, q_step: int = 1, registers_per_thread: int = 0,
-                    batch_first: bool = True) -> tuple:
+                    batch_first: bool = True, whole_tiles: bool = False) -> tuple:
     """Algorithm 2's launches after the forward `fwd`, with block_q x block_kv, and its gradients
-    {dQ, dK, dV}. `warps`: the backward kernel's; `q_step`: query tiles one simulated step covers;
-    `batch_first`: FA2's grids (blocks, batch, heads), a block's batch turning before its head
-    (common.fa2_batch_head); false: the batch-heads in order, heads first (FA3's grids)."""
+    {dQ, dK, dV}. `whole_tiles`: a last query or K/V block past the sequence computes the whole
+    block_q x block_kv tile, as the kernel's MMAs do (its rows loaded as zeros: flash_bwd_kernel.h,
+    Is_even_MN false); false: its real rows only. `warps`: the backward kernel's; `q_step`: query
+    tiles one simulated step covers; `batch_first`: FA2's grids (blocks, batch, heads), a block's
+    batch turning before its head (common.fa2_batch_head); false: the batch-heads in order, heads
+    first (FA3's grids)."""
     warps_bwd = warps
     atoms = fa2_bwd_atoms(wl, warps_bwd)
     tensors = named(fwd)
@@ -196,10 +203,13 @@ def flash2_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
             # dQ += dS K, dK += dS^T Q; recomputing P takes an exp per score; SRAM: every warp's
             # operand slices (bwd_sram_read_elements). Several query tiles in one step: everything
             # grows with the rows n except the reads of K_j and V_j, which come once per tile.
-            sram_elements = (bwd_sram_read_elements(n, nc, d, warps_bwd, atoms)
-                             + (tiles - 1) * bwd_sram_read_elements(0, nc, d, warps_bwd, atoms))
-            yield from ctx.compute(matmul_flops=10 * n * nc * d, vector_flops=bwd_vector_flops(wl, n, nc),
-                                   sram_bytes=sram_elements * itemsize, exp_ops=n * nc)
+            # (whole_tiles: the tiles' rows and columns, a last block's past the sequence too)
+            n_work, nc_work = (tiles * block_q, block_kv) if whole_tiles else (n, nc)
+            sram_elements = (bwd_sram_read_elements(n_work, nc_work, d, warps_bwd, atoms)
+                             + (tiles - 1) * bwd_sram_read_elements(0, nc_work, d, warps_bwd, atoms))
+            yield from ctx.compute(matmul_flops=10 * n_work * nc_work * d,
+                                   vector_flops=bwd_vector_flops(wl, n_work, nc_work),
+                                   sram_bytes=sram_elements * itemsize, exp_ops=n_work * nc_work)
             dq_part = None
             if numeric:
                 p = recompute_p(wl, scale, q, k, allowed(wl, kv_len, r0, r1, c0, c1), lse[:, 0])

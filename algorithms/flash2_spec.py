@@ -277,9 +277,9 @@ def _build(wl: Workload, m: Flash2Blocks, data: AttentionData | None, training: 
         return flash2_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd),
                                warps=(m.warps, m.warps_bwd), tiles_per_step=(fwd_step, bwd_step),
                                registers_per_thread=regs, fixed_instructions=fixed,
-                               step_instructions=step_instructions)
+                               step_instructions=step_instructions, tile_rows=tile_rows, whole_tiles=kernel)
     return flash2_forward(wl, m.block_q, m.block_kv, data, m.warps, fwd_step, regs, tile_rows=tile_rows,
-                          fixed_instructions=fixed, step_instructions=step_instructions)
+                          fixed_instructions=fixed, step_instructions=step_instructions, whole_kv=kernel)
 
 
 def _io(wl: Workload, m: Flash2Blocks, pass_name: str) -> dict:

@@ -153,9 +153,16 @@ def lpt_bwd_tile(wl: Workload, tc: int, element_size: int):
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
                    tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True,
-                   lpt: bool = False) -> Program:
+                   lpt: bool = False, tile_rows: int = 0, whole_kv: bool = True) -> Program:
     """`lpt`: the blocks in FA3's causal tile order (lpt_tile: longest first, batch-heads in L2
-    sections), not the grid's (query block fastest, first to last). `stages`: the K/V ring's
+    sections), not the grid's (query block fastest, first to last). `tile_rows`: the rows the
+    kernel's tile computes (Flash3Blocks.q_tile_rows; 0: each block's own rows), in warpgroups of
+    64 (wgmma's M is 64 rows; blocks of fewer rows, a what-if, keep theirs): every consumer
+    warpgroup of the tile runs its 64-row wgmma and softmax, those of a last block's rows past
+    seq_len_q too (the mainloop has no row bound; TMA fills Q's rows past the sequence with zeros,
+    and the epilogue stores only the real rows), so Q's loads and O's stores are cut to the real
+    rows and the work is not. `whole_kv`: so are a last K/V tile's block_kv columns past
+    seq_len_kv (loaded as zeros, masked to -inf); false: its real keys. `stages`: the K/V ring's
     slots; `intra_wg_overlap` and `pingpong`: the kernel's IntraWGOverlap and UseSchedulerBarrier;
     `fp8`: Q, K, V in e4m3; `pv_is_rs`: MmaPV_is_RS (P reaches the P V GEMM from registers; false:
     each warpgroup stores its P to shared memory after its softmax, and the GEMM reads it there).
@@ -222,7 +229,12 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         kv_end = causal_kv_end(wl, r1) if wl.causal else nk
         steps = kv_steps(kv_end)
         kg = wl.kv_group(g)
-        wgs = [(w0, min(r1, w0 + WG_ROWS)) for w0 in range(r0, r1, WG_ROWS)]
+        # each warpgroup's real rows [w0, w1) (none past the sequence) and the rows it computes
+        work_rows = max(r1 - r0, tile_rows)
+        if block_q >= WG_ROWS:
+            work_rows = -(-work_rows // WG_ROWS) * WG_ROWS
+        wgs = [(min(r1, r0 + o), min(r1, r0 + o + WG_ROWS), min(WG_ROWS, work_rows - o))
+               for o in range(0, work_rows, WG_ROWS)]
         n_wg = len(wgs)
         k_loads: list = [None] * len(steps)
         v_loads: list = [None] * len(steps)
@@ -249,7 +261,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             v_ready[s_i].succeed()
 
         def producer():
-            for s_i, (c0, c1, _tiles) in enumerate(steps):
+            for s_i, (c0, c1, tiles) in enumerate(steps):
                 if s_i >= stages:
                     yield released["k"][s_i - stages]    # the slot's previous K is no longer read
                 k_loads[s_i] = ctx.prefetch(*kv_tiles(K, c0, c1))
@@ -258,7 +270,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     yield released["v"][s_i - stages]    # ... nor its previous V
                 v_loads[s_i] = ctx.prefetch(*kv_tiles(V, c0, c1))
                 if fp8:
-                    ctx.fork(transpose_v(s_i, c1 - c0), "V transpose")
+                    ctx.fork(transpose_v(s_i, tiles * block_kv if whole_kv else c1 - c0), "V transpose")
                 else:
                     v_ready[s_i].succeed()
 
@@ -282,16 +294,16 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             turn_next.succeed()
 
         def consumer(w):
-            w0, w1 = wgs[w]
-            n = w1 - w0
+            w0, w1, n = wgs[w]               # its real rows, and the n rows its wgmma and softmax run over
             q = (yield from ctx.wait(q_load))[0]
             q = None if q is None else q[w0 - r0:w1 - r0]
             m = l = acc = None
-            if numeric:
-                m, l, acc = np.full(n, -np.inf), np.zeros(n), np.zeros((n, d))
+            numeric_rows = numeric and w1 > w0
+            if numeric_rows:                 # the real rows' online softmax
+                m, l, acc = np.full(w1 - w0, -np.inf), np.zeros(w1 - w0), np.zeros((w1 - w0, d))
             pending = None       # (step, nc, tiles, P, alpha) whose P V is not issued yet
             for s_i, (c0, c1, tiles) in enumerate(steps):
-                nc = c1 - c0
+                nc = tiles * block_kv if whole_kv else c1 - c0   # (whole_kv: a last tile's keys past the sequence too)
                 yield k_ready[s_i]
                 k = kv_value((yield from ctx.wait(k_loads[s_i])))
                 if pingpong and n_wg > 1:
@@ -305,7 +317,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     yield v_ready[pending[0]]
                     v = kv_value((yield from ctx.wait(v_loads[pending[0]])))
                     pv_ev = ctx.compute(**pv_work(n, *pending[1:3]))
-                    if numeric:
+                    if numeric_rows:
                         acc = pending[4][:, None] * acc + pending[3] @ v
                 if pingpong and n_wg > 1:
                     # the scheduler barrier lets the next warpgroup issue its GEMMs now; the tensor
@@ -320,7 +332,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 if pending is not None:
                     release("v", pending[0])
                 p = alpha = None
-                if numeric:
+                if numeric_rows:
                     s = masked_scores(wl, scale, q, k, None, w0, w1, c0, c1)
                     m_new, p, alpha, l = unnormalised_softmax_step(s, m, l)
                     m = m_new
@@ -329,7 +341,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     yield v_ready[s_i]
                     v = kv_value((yield from ctx.wait(v_loads[s_i])))
                     yield from ctx.compute(**pv_work(n, nc, tiles))
-                    if numeric:
+                    if numeric_rows:
                         acc = alpha[:, None] * acc + p @ v
                     release("v", s_i)
                     pending = None
@@ -337,21 +349,22 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 yield v_ready[pending[0]]
                 v = kv_value((yield from ctx.wait(v_loads[pending[0]])))
                 yield from ctx.compute(**pv_work(n, *pending[1:3]))
-                if numeric:
+                if numeric_rows:
                     acc = pending[4][:, None] * acc + pending[3] @ v
                 release("v", pending[0])
             yield from ctx.compute(vector_flops=n * d + 2 * n)     # O = acc / l, lse = m + log l
             o_tile = lse_tile = None
-            if numeric:
+            if numeric_rows:
                 o_tile, lse_tile = normalised_rows(acc, l, m)
-            wg_rows = slice(w0, w1)
-            yield from ctx.store_tiles((O[g], wg_rows, all_cols, o_tile), (LSE[g], wg_rows, slice(0, 1), lse_tile))
+            if w1 > w0:                          # the real rows' O and lse
+                wg_rows = slice(w0, w1)
+                yield from ctx.store_tiles((O[g], wg_rows, all_cols, o_tile), (LSE[g], wg_rows, slice(0, 1), lse_tile))
 
         roles = [ctx.fork(producer(), "producer")] + [ctx.fork(consumer(w), f"consumer {w}") for w in range(n_wg)]
         for role in roles:
             yield role
 
-    n_wg_max = math.ceil(min(block_q, nq) / WG_ROWS)
+    n_wg_max = math.ceil(max(min(block_q, nq), tile_rows) / WG_ROWS)
     period = lpt_period(g_count, tr, swizzle) if lpt else row_blocks_period(wl, block_q, nq)
     launch = Launch("flash3_fwd", g_count * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8), block,
                     allocs=(O, LSE), tensor_op=op, period=period,

@@ -134,20 +134,24 @@ def bwd_gemm_operand_bytes(t: BwdTraits, rows: float, cols: int, d: int, tiles: 
 def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None, bwd_blocks: tuple,
                     stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
                     tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True,
-                    instructions_per_score: float = 0.0, lpt: bool = False) -> Program:
+                    instructions_per_score: float = 0.0, lpt: bool = False, tile_rows: int = 0,
+                    whole_tiles: bool = True) -> Program:
     """flash3's forward, then its backward with bwd_blocks (block_q, block_kv), `lpt`: both in FA3's
-    causal tile order; `instructions_per_score` as flash3_backward's."""
+    causal tile order; `instructions_per_score` as flash3_backward's; `tile_rows` as flash3_forward's;
+    `whole_tiles`: the forward's whole_kv and the backward's whole_tiles."""
     fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
-                         registers_per_thread, pv_is_rs, lpt)
+                         registers_per_thread, pv_is_rs, lpt, tile_rows, whole_tiles)
     bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1],
-                                 instructions_per_score, lpt)
+                                 instructions_per_score, lpt, whole_tiles)
     return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
 
 
 def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
                     stages_do: int = 2, warpgroups: int = 2, q_step: int = 1,
-                    instructions_per_score: float = 0.0, lpt: bool = False) -> tuple:
-    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `lpt`: the main kernel's
+                    instructions_per_score: float = 0.0, lpt: bool = False, whole_tiles: bool = True) -> tuple:
+    """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `whole_tiles`: every step
+    computes whole block_q x block_kv tiles, a last block's rows and keys past the sequence too
+    (zero-filled by TMA; FA3's wgmma and softmax have no bound on them); false: the real ones. `lpt`: the main kernel's
     blocks in FA3's causal order (flash3.lpt_bwd_tile), not the grid's. `instructions_per_score`
     (a kernel whose count Nsight measured: flash3_spec.CUDNN_BWD_INSTRUCTIONS_PER_SCORE; 0: FA3's
     counted operations): the main kernel's warp instructions a score, all issued in the step's
@@ -234,10 +238,11 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         def consumer(w):
             k, v = yield from ctx.wait(kv_load)
             for s_i, (r0, r1, tiles) in enumerate(steps):
-                n = r1 - r0
                 yield ready[s_i]
                 q, d_o, lse, big_d = yield from ctx.wait(loads[s_i])
-                sdp, p_exps, ds_stores, dv, dk_dq = step_works(n, nc, tiles)
+                # whole_tiles: the tiles' whole rows and columns, a last block's past the sequence too
+                sdp, p_exps, ds_stores, dv, dk_dq = (step_works(tiles * block_q, block_kv, tiles) if whole_tiles
+                                                     else step_works(r1 - r0, nc, tiles))
                 yield from ctx.compute(**sdp)
                 yield from ctx.compute(**p_exps)
                 yield from ctx.compute(**ds_stores)

@@ -53,7 +53,11 @@ class Flash3Blocks:
     causal order (flash3.lpt_tile, lpt_bwd_tile: longest first, batch-heads in L2 sections), true,
     false or "auto"
     (FA3's kernels under a causal mask: DynamicPersistentTileScheduler; cuDNN's order is not known:
-    the grid's). variant "fa3-kernel" (fp16/bf16 as the workload says),
+    the grid's); q_tile_rows: the rows the forward's tile computes, in warpgroups
+    of 64 ("auto": the kernel's kBlockM before the sequence clipped it, so that a last block's rows
+    past seq_len_q are computed as FA3's warpgroups compute them: flash3.flash3_forward; for
+    cudnn-sm90 a warpgroup's 64, cuDNN's tiles not being FA3's; a block computes its own rows
+    where they are more). variant "fa3-kernel" (fp16/bf16 as the workload says),
     "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN
     attention on sm90 as FA3's program with its backward's measured instruction count:
     CUDNN_BWD_INSTRUCTIONS_PER_SCORE)."""
@@ -65,6 +69,7 @@ class Flash3Blocks:
     pv_in_registers: bool | str = AUTO
     lpt_order: bool | str = AUTO
     variant: str = FA3_KERNEL
+    q_tile_rows: int | str = AUTO
 
 
 def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool, bool]:
@@ -138,6 +143,13 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
             notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
             value = seq
         out[key] = value
+    out["q_tile_rows"] = _q_tile_rows(m, wl, bq if m.block_q == AUTO else m.block_q, out["block_q"])
+    if m.variant == CUDNN and m.q_tile_rows == AUTO:
+        # cuDNN's own tile: a warpgroup's 64 rows (WG_ROWS), not FA3's kBlockM: cuDNN 9.19's sm90
+        # fprop runs a producer and two consumer warpgroups (384 threads, Nsight's launch__block_size:
+        # h100-ncu-hopper.json, h200-ncu-hopper.json), each on a 64-row x 128-key wgmma tile (the
+        # kernel's name, ..._fprop_wgmma_f16_knob_7_64x128xD_4x1x1)
+        out["q_tile_rows"] = min(WG_ROWS, out["block_q"])
     m = replace(m, **out)
     if m.variant == CUDNN and training and wl.head_dim not in CUDNN_BWD_INSTRUCTIONS_PER_SCORE:
         notes.append(f"variant cudnn-sm90: head_dim = {wl.head_dim} has no measured instruction count (measured: "
@@ -148,6 +160,15 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
                           f"{m.stages} stages need {need} B of shared memory per block, more than "
                           f"sram_bytes_per_sm = {gpu.sram_bytes_per_sm} of '{gpu.name}'")
     return m, tuple(notes)
+
+
+def _q_tile_rows(m: Flash3Blocks, wl: Workload, unclipped: int, block_q: int) -> int:
+    """The resolved q_tile_rows: the user's (a block computes at least that many rows, and its own),
+    else the tile before the sequence clipped it (`unclipped`: the kernel's kBlockM, or the block_q
+    the user gave)."""
+    if m.q_tile_rows != AUTO:
+        return m.q_tile_rows
+    return max(block_q, unclipped)
 
 
 def _registers(block_q: int) -> int:
@@ -166,17 +187,22 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     fp8 = _fp8(m)
     _, _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
     pv_is_rs = m.pv_in_registers
-    pingpong = fa3_pingpong(m.block_q, wl.head_dim, fp8, overlap)
+    tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows     # (0: a mapping built unresolved)
+    pingpong = fa3_pingpong(max(m.block_q, tile_rows), wl.head_dim, fp8, overlap)    # the kernel's warpgroups
     fwd_step = _fwd_step(wl, m) if fast else 1
+    registers = _registers(max(m.block_q, tile_rows))
+    # FA3's kernels compute whole tiles at the sequence's ends; cuDNN's tiles (64 x 128 a warpgroup)
+    # are not FA3's: the real keys, and rows in warpgroups of 64 (q_tile_rows)
+    whole = m.variant != CUDNN
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else 0.0
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
-                               overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), _registers(m.block_q),
-                               pv_is_rs, instructions, m.lpt_order)
+                               overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), registers,
+                               pv_is_rs, instructions, m.lpt_order, tile_rows, whole)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
-                          _registers(m.block_q), pv_is_rs, m.lpt_order)
+                          registers, pv_is_rs, m.lpt_order, tile_rows, whole)
 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
@@ -215,7 +241,7 @@ def _describe(m: Flash3Blocks) -> str:
 SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages"),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages", "q_tile_rows"),
     bool_fields=("pv_in_registers", "lpt_order"),
     variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

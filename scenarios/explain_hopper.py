@@ -1,7 +1,8 @@
 """`hbmsim explain --hopper`: what FlashAttention-3 gains over FlashAttention-2 on the same bytes.
 
 One head of N = 1024 keys, head dim 128, fp16, on the H100 preset: both programs cut it into 8
-query blocks of 128 rows (one thread block per SM), move the same bytes, and do the same FLOPs.
+query blocks of 128 rows (one thread block per SM), move the same bytes, and do the same FLOPs
+(FA3 in K/V tiles of 128 keys, which divide N: FA3_BLOCK_KV).
 The walk-through prints
 1. the two runs' counters side by side (the same bytes) and their predicted kernel times;
 2. one block's work, by hand: the GEMM FLOPs at mma.sync's measured rate (FA2) and at wgmma's
@@ -29,10 +30,13 @@ from .runner import build_program, prepare
 HARDWARE = "h100-sxm5-80gb"
 WORKLOAD = Workload(1, 1, 1024, 1024, 128)      # one head: 8 query blocks of 128 rows, one per SM
 FIRST_EVENTS = 14                               # FA3 block 0's events printed
+# FA3's K/V tiles here: 128 keys, which divide N. Its kernel's own without a mask, 176, would run the
+# last of 6 tiles 32 keys past N = 1024 (FA3 computes whole tiles: programs.md), 3% more FLOPs than FA2
+FA3_BLOCK_KV = 128
 
 
-def _run(gpu, algorithm: str, variant: str | None):
-    params = {"variant": variant} if variant else {}
+def _run(gpu, algorithm: str, variant: str | None, **fields):
+    params = {**({"variant": variant} if variant else {}), **fields}
     cfg = prepare(Experiment("explain", "explain --hopper", gpu,
                              [Config(gpu, WORKLOAD, RunSpec(algorithm, ("forward",), params))])).configs[0]
     timeline = Timeline()
@@ -87,7 +91,7 @@ def explain_hopper(gpu) -> str:
     """The whole walk-through as text (gpu: the H100 preset, or any GPU with wgmma)."""
     wl = WORKLOAD
     fa2_cfg, fa2, tl2 = _run(gpu, "flash2", "fa2-kernel")
-    fa3_cfg, fa3, tl3 = _run(gpu, "flash3", None)
+    fa3_cfg, fa3, tl3 = _run(gpu, "flash3", None, block_kv=FA3_BLOCK_KV)
     lines = [f"FlashAttention-3 against FlashAttention-2 on the same bytes: {gpu.name}, batch {wl.batch}, "
              f"{wl.heads} head, N = {wl.seq_len_q}, head dim {wl.head_dim}, {wl.dtype} "
              "(every number predicted by hbmsim)", "",
@@ -117,7 +121,8 @@ def explain_hopper(gpu) -> str:
     _, softmax3_s = rates.compute_s(WGMMA, 0, round(vec3), round(exp3), 0)
     lines += ["2. One block's work, by hand (its share of the run's counters)",
               f"  GEMMs S = Q K^T and O += P V: 2 x 2 x {bq} x {wl.seq_len_kv} x {wl.head_dim} = {flops:,} FLOP "
-              f"(K/V tiles of {fa2_cfg.mapping.block_kv} keys in FA2, {fa3_cfg.mapping.block_kv} in FA3)",
+              f"(K/V tiles of {fa2_cfg.mapping.block_kv} keys in FA2, {fa3_cfg.mapping.block_kv} in FA3: its kernel's "
+              "176 would compute 32 keys past N)",
               f"  FA2, mma.sync: {gpu.mma_sync_fraction:g} (measured) x {gpu.matmul_flops_per_s / 1e12:.1f} TFLOP/s / "
               f"{gpu.sm_count} SMs = {1 / rates.s_per_flop[MMA_SYNC] / 1e12:.2f} TFLOP/s an SM: {mma_s * 1e6:.2f} us",
               f"       + ldmatrix operand reads, {per_block(fa2, 'sram_read_bytes'):,.0f} B at "

@@ -238,3 +238,34 @@ def test_fa2_grids_turn_the_batch_before_the_head():
     # grouped-query heads (2 query heads a K/V head): the two heads of a group are a batch apart
     gqa = Workload(2, 4, 64, 64, 16, kv_heads=2)
     assert [gqa.kv_group(fa2_batch_head(gqa, bh)) for bh in range(8)] == [0, 2, 0, 2, 1, 3, 1, 3]
+
+
+def test_fa2_kernel_computes_whole_tiles_at_the_sequences_ends_by_hand():
+    """FA2's kernels run their MMAs and softmax over whole kBlockM x kBlockN tiles, a last block's
+    rows and keys past the sequence too (loaded as zeros, masked: flash_fwd_kernel.h and
+    flash_bwd_kernel.h with Is_even_MN false); only the bytes are cut. H100, head dim 64, N = 200:
+    the forward's 128 x 128 tiles, 2 query blocks x 2 K/V tiles, and the backward's 128 x 128, 2
+    K/V blocks x 2 query tiles, every one whole; a training run's forward as a forward-only run's.
+    The paper variant computes its real keys, and its blocks' block_q rows (q_tile_rows = block_q),
+    in training as alone; its backward the real rows and keys."""
+    from hbmsim.scenarios.experiment import resolve_hardware
+    h100 = resolve_hardware("h100-sxm5-80gb")
+    spec = registry.get("flash2")
+    wl = Workload(1, 2, 200, 200, 64, dtype="bf16")
+    m = spec.resolved(h100, wl, spec.mapping_type(), True)[0]
+    assert (m.block_q, m.block_kv, m.block_q_bwd, m.block_kv_bwd, m.q_tile_rows) == (128, 128, 128, 128, 128)
+    whole = 2 * 2 * 2 * 128 * 128 * 64                        # batch-heads x blocks x tiles x rows x keys x d
+    res = simulate(h100, spec.build(wl, m, None, True))
+    fwd, main = (next(k for k in res.kernels if k.name == name) for name in ("flash2_fwd", "flash2_bwd"))
+    assert fwd.matmul_flops == 4 * whole                      # S = Q K^T, O += P V: 2 FLOPs a multiply-add
+    assert main.matmul_flops == 10 * whole                    # the backward's five GEMMs
+    assert main.exp_ops == whole // 64
+    alone = simulate(h100, spec.build(wl, spec.resolved(h100, wl, spec.mapping_type(), False)[0], None, False))
+    assert alone.kernels[0].matmul_flops == fwd.matmul_flops
+    for p in ("forward", "backward"):                         # the bytes: the real rows' closed forms
+        got = {n: (t.read, t.write) for n, t in res.tensors(p).items() if t.read or t.write}
+        assert got == {n: rw for n, rw in spec.io(wl, m, p).items() if rw[0] or rw[1]}
+    paper = spec.resolved(h100, wl, spec.mapping_type(variant="paper", block_q=128, block_kv=128), True)[0]
+    kernels = simulate(h100, spec.build(wl, paper, None, True)).kernels
+    assert next(k for k in kernels if k.name == "flash2_fwd").matmul_flops == 4 * 2 * 256 * 200 * 64
+    assert next(k for k in kernels if k.name == "flash2_bwd").matmul_flops == 10 * 2 * 200 * 200 * 64

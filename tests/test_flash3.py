@@ -58,6 +58,59 @@ def test_forward_numerics_equal_the_float64_reference():
         np.testing.assert_allclose(out["lse"][..., 0], lse_ref.reshape(out["lse"].shape[:2]), rtol=0, atol=1e-12)
 
 
+def test_a_last_partial_block_computes_the_kernels_whole_tile_by_hand():
+    """FA3's warpgroups run their 64-row wgmma and softmax over the whole kBlockM x kBlockN tile, a
+    last block's rows and keys past the sequence too (TMA zero-fills them; the keys are masked, the
+    epilogue stores the real rows): N = 200 at head dim 64 is two 192 x 192 tiles a side, the
+    second with 8 real rows (one warpgroup with 8, two with none) and 8 real keys, and every tile
+    computes 192 x 192 scores. Bytes are the real rows' (closed forms), the output the float64
+    reference's."""
+    wl = Workload(1, 2, 200, 200, 64, dtype="bf16")
+    m = resolved(wl)
+    assert (m.block_q, m.block_kv, m.q_tile_rows) == (192, 192, 192)
+    data = random_data(wl, seed=5)
+    res = simulate(H100, SPEC.build(wl, m, data, False))
+    k = res.kernels[0]
+    # 2 batch-heads x 2 query tiles x 192 rows x 2 K/V tiles x 192 keys x 64: S = Q K^T and O += P V,
+    # 2 FLOPs a multiply-add each; an exp a score and one a row a K/V tile
+    assert k.matmul_flops == 2 * 2 * 192 * 384 * 64 * 2 * 2
+    assert k.exp_ops == 2 * 2 * 2 * (192 * 192 + 192)
+    assert counted(res, "forward") == nonzero(SPEC.io(wl, m, "forward"))
+    assert counted(res, "forward")["Q"] == (2 * 200 * 64 * 2, 0)      # the real rows only
+    o_ref, lse_ref = attention_forward(wl, data)
+    assert np.max(np.abs(res.outputs["O"] - o_ref.reshape(res.outputs["O"].shape))) < 1e-12
+    np.testing.assert_allclose(res.outputs["lse"][..., 0], lse_ref.reshape(2, 200), rtol=0, atol=1e-12)
+    # q_tile_rows = 192 given is the kernel's tile; 0 (a mapping built unresolved): each block's own
+    # rows in whole warpgroups (wgmma's M is 64), 192 + 64 a batch-head (its keys still whole tiles)
+    own = simulate(H100, SPEC.build(wl, resolved(wl, q_tile_rows=192), None, False)).kernels[0]
+    assert own.matmul_flops == k.matmul_flops
+    rows_only = dataclasses.replace(m, q_tile_rows=0)
+    assert simulate(H100, SPEC.build(wl, rows_only, None, False)).kernels[0].matmul_flops == \
+        2 * (192 + 64) * 384 * 64 * 2 * 2
+    # cuDNN's tiles are not FA3's: a warpgroup's 64 rows (q_tile_rows 64), its real keys
+    cudnn = resolved(wl, variant="cudnn-sm90")
+    assert (cudnn.block_q, cudnn.q_tile_rows) == (192, 64)
+    assert simulate(H100, SPEC.build(wl, cudnn, None, False)).kernels[0].matmul_flops == \
+        2 * (192 + 64) * 200 * 64 * 2 * 2
+
+
+def test_the_backward_computes_whole_tiles_at_the_sequences_ends_by_hand():
+    """FA3's backward (head dim 64: 128 x 128 tiles, 2 warpgroups) at N = 200: two K/V blocks (128
+    and 72 keys) of two query tiles each (128 and 72 rows), every step's five GEMMs over a whole
+    128 x 128 tile, 10 x 128 x 128 x 64 FLOPs; the bytes are the real rows' (closed forms)."""
+    wl = Workload(1, 2, 200, 200, 64, dtype="bf16")
+    m = resolved(wl, training=True)
+    assert (m.block_q_bwd, m.block_kv_bwd) == (128, 128)
+    res = simulate(H100, SPEC.build(wl, m, None, True))
+    main = next(k for k in res.kernels if k.name == "flash3_bwd")
+    assert main.matmul_flops == 2 * (2 * 2) * 10 * 128 * 128 * 64
+    assert main.exp_ops == 2 * (2 * 2) * 128 * 128
+    assert counted(res, "backward") == nonzero(SPEC.io(wl, m, "backward"))
+    cudnn = resolved(wl, training=True, variant="cudnn-sm90")          # its real rows and keys
+    main = next(k for k in simulate(H100, SPEC.build(wl, cudnn, None, True)).kernels if k.name == "flash3_bwd")
+    assert main.matmul_flops == 2 * 10 * 200 * 200 * 64
+
+
 def test_training_counts_and_gradients():
     wl = Workload(1, 2, 192, 192, 64, dtype="fp16", causal=True)
     m = resolved(wl, True, block_q_bwd=64, block_kv_bwd=64)
