@@ -22,6 +22,7 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, fwd_tiles_per_step
+from .flash2_splitkv import pack_applies, packed
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
@@ -57,7 +58,9 @@ class Flash3Blocks:
     of 64 ("auto": the kernel's kBlockM before the sequence clipped it, so that a last block's rows
     past seq_len_q are computed as FA3's warpgroups compute them: flash3.flash3_forward; for
     cudnn-sm90 a warpgroup's 64, cuDNN's tiles not being FA3's; a block computes its own rows
-    where they are more). variant "fa3-kernel" (fp16/bf16 as the workload says),
+    where they are more); pack_gqa: a decode step's query heads that share a K/V head as the rows
+    of one tile (FA3's PackGQA; "auto": FA3's rule, fa3_pack_gqa; forward, one query row).
+    variant "fa3-kernel" (fp16/bf16 as the workload says),
     "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN
     attention on sm90 as FA3's program with its backward's measured instruction count:
     CUDNN_BWD_INSTRUCTIONS_PER_SCORE)."""
@@ -70,6 +73,7 @@ class Flash3Blocks:
     lpt_order: bool | str = AUTO
     variant: str = FA3_KERNEL
     q_tile_rows: int | str = AUTO
+    pack_gqa: bool | str = AUTO
 
 
 def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool, bool]:
@@ -119,6 +123,43 @@ def _fp8(m: Flash3Blocks) -> bool:
     return m.variant == FP8
 
 
+def fa3_pack_gqa(wl: Workload, block_q: int) -> bool:
+    """FA3's PackGQA rule (hopper/flash_api.cpp get_pack_gqa, heuristics.h should_pack_gqa, commit
+    0251105a): with query heads sharing a K/V head, pack them as rows of one tile when the tile's
+    row efficiency unpacked, seqlen_q / round_up(seqlen_q, kBlockM), is below 0.9 of the packed
+    one's (seqlen_q x heads per K/V head rows): "PackGQA ... can help if seqlen_q is small or not
+    near a multiple of kBlockM". Here only for one query row (decode), the packing flash2's
+    kernel_workload models (FA2's seqlenq_ngroups_swapped); longer query rows stay unpacked."""
+    if not pack_applies(wl):
+        return False
+    ratio = wl.heads // wl.kv_heads
+    round_up = lambda a, b: -(-a // b) * b
+    return wl.seq_len_q / round_up(wl.seq_len_q, block_q) < 0.9 * (wl.seq_len_q * ratio) / round_up(
+        wl.seq_len_q * ratio, block_q)
+
+
+def kernel_workload(wl: Workload, m: Flash3Blocks, data: AttentionData | None = None) -> tuple:
+    """(workload, data) the forward kernel sees: packed when m.pack_gqa (resolved) says so."""
+    return packed(wl, data) if m.pack_gqa is True else (wl, data)
+
+
+def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int) -> bool:
+    """pack_gqa resolved: "auto" FA3's rule for a forward; true needs one query row sharing K/V
+    heads (one line otherwise); false: each query head its own tiles."""
+    if m.pack_gqa not in (True, False, AUTO):
+        raise HbmsimError(f"flash3: pack_gqa = {m.pack_gqa!r} must be true, false or \"auto\"")
+    if m.pack_gqa is True:
+        if training:
+            raise HbmsimError("flash3: pack_gqa packs a forward's query heads (FA3's PackGQA): run the forward "
+                              "pass alone, or set pack_gqa = false")
+        if not pack_applies(wl):
+            raise HbmsimError(f"flash3: pack_gqa = true needs seq_len_q = 1 (got {wl.seq_len_q}) and query heads "
+                              f"sharing a K/V head (heads = {wl.heads}, kv_heads = {wl.kv_heads}) here")
+        return True
+    # (FA3's rule for FA3's kernels; cuDNN's is not known: unpacked)
+    return m.pack_gqa == AUTO and not training and m.variant != CUDNN and fa3_pack_gqa(wl, kernel_block_q)
+
+
 def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     if wl.head_dim > MAX_HEAD_DIM:
         raise HbmsimError(f"flash3: field 'head_dim' = {wl.head_dim} must be at most {MAX_HEAD_DIM} (FA3's sm90 "
@@ -131,7 +172,9 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     notes: list = []
     bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
-    out = {"stages": FA3_STAGES if m.stages == AUTO else m.stages,
+    pack = _resolve_pack(wl, m, training, bq)
+    wl = kernel_workload(wl, replace(m, pack_gqa=pack))[0]      # the forward's tiles are the packed rows'
+    out = {"pack_gqa": pack, "stages": FA3_STAGES if m.stages == AUTO else m.stages,
            "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers,
            "lpt_order": (wl.causal and m.variant != CUDNN) if m.lpt_order == AUTO else m.lpt_order}
     for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
@@ -184,6 +227,8 @@ def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
 
 
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
+    if not training:
+        wl, data = kernel_workload(wl, m, data)
     fp8 = _fp8(m)
     _, _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
     pv_is_rs = m.pv_in_registers
@@ -207,7 +252,7 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
     if pass_name == "forward":
-        return flash3_forward_io(wl, m.block_q, m.block_kv, _fp8(m))
+        return flash3_forward_io(kernel_workload(wl, m)[0], m.block_q, m.block_kv, _fp8(m))
     return flash3_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
 
 
@@ -221,6 +266,7 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
     c = math.ceil
+    wl = wl if training else kernel_workload(wl, m)[0]
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
     steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (_fwd_step(wl, m) if fast else 1))
     if training:
@@ -235,13 +281,14 @@ def _describe(m: Flash3Blocks) -> str:
     if (m.block_q_bwd, m.block_kv_bwd) != (m.block_q, m.block_kv):
         text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
     return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" cudnn" if m.variant == CUDNN else "") \
-        + (" P-smem" if m.pv_in_registers is False else "") + (" lpt" if m.lpt_order is True else "")
+        + (" P-smem" if m.pv_in_registers is False else "") + (" lpt" if m.lpt_order is True else "") \
+        + (" packed" if m.pack_gqa is True else "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
     auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages", "q_tile_rows"),
-    bool_fields=("pv_in_registers", "lpt_order"),
+    bool_fields=("pv_in_registers", "lpt_order", "pack_gqa"),
     variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

@@ -111,6 +111,36 @@ def test_the_backward_computes_whole_tiles_at_the_sequences_ends_by_hand():
     assert main.matmul_flops == 2 * 10 * 200 * 200 * 64
 
 
+def test_pack_gqa_packs_a_decode_steps_query_heads_by_fa3s_rule_by_hand():
+    """FA3's PackGQA (heuristics.h should_pack_gqa): one query row, 4 query heads a K/V head, so a
+    192-row tile holds 4 real rows packed against 1 unpacked, and FA3 packs. Batch 2 x 2 K/V heads:
+    4 blocks (not 16), each reading its K/V head once (N = 300: two 192-key tiles, the second with
+    108 real keys) and computing the whole 192 x 384 tile; O and lse equal the float64 reference."""
+    from hbmsim.algorithms.flash3_spec import fa3_pack_gqa
+    wl = Workload(2, 8, 1, 300, 64, dtype="bf16", kv_heads=2)
+    assert fa3_pack_gqa(wl, 192) and not fa3_pack_gqa(dataclasses.replace(wl, kv_heads=8), 192)
+    m = resolved(wl)
+    assert (m.pack_gqa, m.block_q, m.block_kv, m.q_tile_rows) == (True, 4, 192, 192)
+    data = random_data(wl, seed=7)
+    res = simulate(H100, SPEC.build(wl, m, data, False))
+    k = res.kernels[0]
+    assert k.grid == 4 and k.matmul_flops == 4 * 192 * 384 * 64 * 2 * 2
+    got = counted(res, "forward")
+    assert got == nonzero(SPEC.io(wl, m, "forward"))
+    assert got["K"] == (2 * 2 * 300 * 64 * 2, 0)           # each K/V head once, not once per query head
+    o_ref, lse_ref = attention_forward(wl, data)
+    assert np.max(np.abs(res.outputs["O"].reshape(o_ref.shape) - o_ref)) < 1e-12
+    np.testing.assert_allclose(res.outputs["lse"].reshape(lse_ref.shape), lse_ref, rtol=0, atol=1e-12)
+    unpacked = resolved(wl, pack_gqa=False)
+    assert simulate(H100, SPEC.build(wl, unpacked, None, False)).kernels[0].grid == 16
+    with pytest.raises(HbmsimError, match="pack_gqa = true needs seq_len_q = 1"):
+        resolved(dataclasses.replace(wl, seq_len_q=16), pack_gqa=True)
+    with pytest.raises(HbmsimError, match="pack_gqa packs a forward's query heads"):
+        resolved(wl, training=True, pack_gqa=True)
+    assert resolved(wl, training=True).pack_gqa is False      # a training run: FA3's backward does not pack
+    assert resolved(wl, variant="cudnn-sm90").pack_gqa is False      # cuDNN's rule is not FA3's
+
+
 def test_training_counts_and_gradients():
     wl = Workload(1, 2, 192, 192, 64, dtype="fp16", causal=True)
     m = resolved(wl, True, block_q_bwd=64, block_kv_bwd=64)
