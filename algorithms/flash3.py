@@ -39,6 +39,8 @@ from .common import (STATS_DTYPE, block_rows, masked_scores, normalised_rows, on
 from . import common
 from .common import long_causal
 from .common import tiles_per_step as coarse_step
+from .flash2_splitkv import split_blocks
+from .flash3_combine import fa3_combine_launch
 from .workload import AttentionData, Workload, causal_kv_end
 
 WG_ROWS = 64              # rows of one consumer warpgroup: AtomLayoutQK = kBlockM / 64 warpgroups
@@ -153,7 +155,7 @@ def lpt_bwd_tile(wl: Workload, tc: int, element_size: int):
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
                    tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True,
-                   lpt: bool = False, tile_rows: int = 0, whole_kv: bool = True) -> Program:
+                   lpt: bool = False, tile_rows: int = 0, whole_kv: bool = True, num_splits: int = 1) -> Program:
     """`lpt`: the blocks in FA3's causal tile order (lpt_tile: longest first, batch-heads in L2
     sections), not the grid's (query block fastest, first to last). `tile_rows`: the rows the
     kernel's tile computes (Flash3Blocks.q_tile_rows; 0: each block's own rows), in warpgroups of
@@ -168,7 +170,12 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     each warpgroup stores its P to shared memory after its softmax, and the GEMM reads it there).
     `tiles_per_step` > 1 (fast mode): each simulated step loads and computes that many K/V tiles;
     counts are the sum of the tiles' own. None of them changes a byte of traffic except `fp8`
-    (1-byte Q, K, V)."""
+    (1-byte Q, K, V) and `num_splits` > 1: split-KV (FA3's Split; not persistent: its
+    SingleTileScheduler, the grid (query block, split, head, batch), query block fastest), each
+    (batch-head, query block) in num_splits blocks over its K/V blocks' equal shares
+    (flash2_splitkv.split_blocks: FA3's n_block_min/max of a split), each writing an fp32 partial O
+    and lse of its real rows (zeros and -inf where its share is empty, with no work), and the
+    combine kernel after them (flash3_combine.py); `lpt` is then not taken."""
     if wl.dropout > 0 or wl.key_padding_mask:
         raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
                           "key_padding_mask = false")
@@ -177,6 +184,11 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
+    split = num_splits > 1
+    lpt = lpt and not split
+    if split:                  # each split's partial O and lse, fp32 (FA3's out_accum, softmax_lse_accum)
+        O_acc = Tensor("O_accum", (num_splits * g_count, nq, d), STATS_DTYPE, count_only=data is None)
+        L_acc = Tensor("lse_accum", (num_splits * g_count, nq, 1), STATS_DTYPE, count_only=data is None)
     e = Q.itemsize
     tr = math.ceil(nq / block_q)
     scale = wl.softmax_scale
@@ -187,14 +199,15 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     # a long causal loop in fast mode: every K/V load as the L2's prefix lines (common.long_causal)
     prefix = L2Lines(block_kv, prefix=True) if tiles_per_step > 1 and long_causal(wl, block_q, block_kv) else None
 
-    def kv_steps(kv_end):
-        tiles = math.ceil(kv_end / block_kv)
+    def kv_steps(kv_lo, kv_end):
+        """[(c0, c1, tiles)] of a block's steps over its keys [kv_lo, kv_end)."""
+        tiles = math.ceil((kv_end - kv_lo) / block_kv)
         # a long causal launch: every block a fixed number of steps
         own = (max(1, tiles // common.LONG_CAUSAL_STEPS_PER_BLOCK) if prefix is not None
                else coarse_step(tiles, not wl.causal, g_count * tr))
         step_cols = block_kv * (min(tiles_per_step, own) if tiles_per_step > 1 else 1)
         out = []
-        for c0 in range(0, kv_end, step_cols):
+        for c0 in range(kv_lo, kv_end, step_cols):
             c_end = min(kv_end, c0 + step_cols)
             tiles = math.ceil((c_end - c0) / block_kv)
             out.append((c0, min(nk, c0 + tiles * block_kv), tiles))
@@ -223,11 +236,24 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     order, swizzle = lpt_tile(wl, tr, e) if lpt else (None, 1)
 
     def block(ctx, index):
-        g, i = order(index) if lpt else divmod(index, tr)
+        if split:              # the grid (query block, split, head, batch)
+            g, rest = divmod(index, num_splits * tr)
+            s_idx, i = divmod(rest, tr)
+        else:
+            g, i = order(index) if lpt else divmod(index, tr)
         rows = block_rows(i, block_q, nq)
         r0, r1 = rows.start, rows.stop
-        kv_end = causal_kv_end(wl, r1) if wl.causal else nk
-        steps = kv_steps(kv_end)
+        o_view, l_view = (O_acc[s_idx * g_count + g], L_acc[s_idx * g_count + g]) if split else (O[g], LSE[g])
+        if split:              # this split's K/V blocks [lo, hi)
+            lo, hi = split_blocks(wl, r1, s_idx, num_splits, block_kv)
+            if lo >= hi:       # nothing to see: O_s = 0, lse_s = -inf, no reads
+                zeros = np.zeros((r1 - r0, d)) if numeric else None
+                ninf = np.full((r1 - r0, 1), -np.inf) if numeric else None
+                yield from ctx.store_tiles((o_view, rows, all_cols, zeros), (l_view, rows, slice(0, 1), ninf))
+                return
+            steps = kv_steps(lo * block_kv, min(nk, hi * block_kv))
+        else:
+            steps = kv_steps(0, causal_kv_end(wl, r1) if wl.causal else nk)
         kg = wl.kv_group(g)
         # each warpgroup's real rows [w0, w1) (none past the sequence) and the rows it computes
         work_rows = max(r1 - r0, tile_rows)
@@ -358,15 +384,19 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                 o_tile, lse_tile = normalised_rows(acc, l, m)
             if w1 > w0:                          # the real rows' O and lse
                 wg_rows = slice(w0, w1)
-                yield from ctx.store_tiles((O[g], wg_rows, all_cols, o_tile), (LSE[g], wg_rows, slice(0, 1), lse_tile))
+                yield from ctx.store_tiles((o_view, wg_rows, all_cols, o_tile), (l_view, wg_rows, slice(0, 1),
+                                                                                  lse_tile))
 
         roles = [ctx.fork(producer(), "producer")] + [ctx.fork(consumer(w), f"consumer {w}") for w in range(n_wg)]
         for role in roles:
             yield role
 
     n_wg_max = math.ceil(max(min(block_q, nq), tile_rows) / WG_ROWS)
-    period = lpt_period(g_count, tr, swizzle) if lpt else row_blocks_period(wl, block_q, nq)
-    launch = Launch("flash3_fwd", g_count * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8), block,
-                    allocs=(O, LSE), tensor_op=op, period=period,
-                    threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)
-    return Program("flash3_forward", [launch], inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})
+    period = (num_splits * tr if split else lpt_period(g_count, tr, swizzle) if lpt
+              else row_blocks_period(wl, block_q, nq))
+    launches = [Launch("flash3_fwd", g_count * num_splits * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8),
+                       block, allocs=(O_acc, L_acc) if split else (O, LSE), tensor_op=op, period=period,
+                       threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)]
+    if split:
+        launches.append(fa3_combine_launch(wl, num_splits, O_acc, L_acc, O, LSE, numeric))
+    return Program("flash3_forward", launches, inputs=tuple(tensors.values()), outputs={"O": O, "lse": LSE})

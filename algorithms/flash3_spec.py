@@ -22,8 +22,9 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, fwd_tiles_per_step
-from .flash2_splitkv import pack_applies, packed
+from .flash2_splitkv import flash2_splitkv_io, pack_applies, packed
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
+from .flash3_combine import combine_blocks, combine_tile
 from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
@@ -59,8 +60,10 @@ class Flash3Blocks:
     past seq_len_q are computed as FA3's warpgroups compute them: flash3.flash3_forward; for
     cudnn-sm90 a warpgroup's 64, cuDNN's tiles not being FA3's; a block computes its own rows
     where they are more); pack_gqa: a decode step's query heads that share a K/V head as the rows
-    of one tile (FA3's PackGQA; "auto": FA3's rule, fa3_pack_gqa; forward, one query row).
-    variant "fa3-kernel" (fp16/bf16 as the workload says),
+    of one tile (FA3's PackGQA; "auto": FA3's rule, fa3_pack_gqa; forward, one query row);
+    num_splits: split-KV, each (batch-head, query block) over that many blocks and FA3's combine
+    ("auto": FA3's num_splits_heuristic for FA3's own kernels' forward, fa3_num_splits; 1 for
+    training and cudnn-sm90). variant "fa3-kernel" (fp16/bf16 as the workload says),
     "fp8" (Q, K, V in e4m3, forward only, O in the workload's dtype) or "cudnn-sm90" (torch's cuDNN
     attention on sm90 as FA3's program with its backward's measured instruction count:
     CUDNN_BWD_INSTRUCTIONS_PER_SCORE)."""
@@ -74,6 +77,7 @@ class Flash3Blocks:
     variant: str = FA3_KERNEL
     q_tile_rows: int | str = AUTO
     pack_gqa: bool | str = AUTO
+    num_splits: int | str = AUTO
 
 
 def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool, bool]:
@@ -138,14 +142,60 @@ def fa3_pack_gqa(wl: Workload, block_q: int) -> bool:
         wl.seq_len_q * ratio, block_q)
 
 
+FA3_MAX_SPLITS = 128          # get_num_splits' max_splits (flash_api.cpp)
+FA3_SPLITS_LIMIT = 256        # "num_splits > 256 not supported" (mha_fwd)
+FA3_SPLIT_L2_BYTES = 50 * 1024 * 1024    # num_splits_heuristic's "we assume that L2 size is 50MB"
+
+
+def fa3_num_splits(wl: Workload, block_q: int, block_kv: int, sm_count: int, fp8: bool) -> int:
+    """FA3's split count (hopper/flash_api.cpp get_num_splits, heuristics.h num_splits_heuristic,
+    commit 0251105a), for the kernel's kBlockM x kBlockN and the query heads packed as Split packs
+    them: total_mblocks = batch x kv_heads x ceil(Nq x heads / kv_heads / kBlockM). Enough to fill
+    0.8 of the SMs: 1, unless one K/V head (Nk x 2d x element size) exceeds 50 MB with 2 x SMs query
+    blocks or more and no causal mask (then the 50 MB pieces); 4 K/V blocks or fewer: 1; else the
+    fewest splits whose wave efficiency (n_waves / ceil(n_waves)) is 0.85 of the best, up to 128."""
+    ratio = wl.heads // wl.kv_heads
+    num_n_blocks = math.ceil(wl.seq_len_kv / block_kv)
+    num_m_blocks = math.ceil(wl.seq_len_q * ratio / block_q)
+    size_one_kv_head = wl.seq_len_kv * 2 * wl.head_dim * (1 if fp8 else 2)
+    total_mblocks = wl.batch * wl.kv_heads * num_m_blocks
+    if total_mblocks >= 0.8 * sm_count:
+        if size_one_kv_head > FA3_SPLIT_L2_BYTES and num_m_blocks >= 2 * sm_count and not wl.causal:
+            return min(-(-size_one_kv_head // FA3_SPLIT_L2_BYTES), FA3_MAX_SPLITS)
+        return 1
+    if num_n_blocks <= 4:
+        return 1
+    max_splits = min(FA3_MAX_SPLITS, sm_count, num_n_blocks)
+    eff = []
+    for n in range(1, max_splits + 1):
+        waves = total_mblocks * n / sm_count      # (float in the C++; the ratio here is exact enough)
+        eff.append(waves / math.ceil(waves))
+    best = max(eff)
+    return next((n for n in range(1, max_splits + 1) if eff[n - 1] >= 0.85 * best), 1)
+
+
+def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q: int, block_kv: int) -> int:
+    """num_splits resolved: "auto" FA3's rule for FA3's own kernels' forward (1 for training and for
+    cudnn-sm90, whose rule is not known); a number: 1..256 (one line otherwise), forward only."""
+    ns = m.num_splits
+    if ns == AUTO:
+        return 1 if training or m.variant == CUDNN else fa3_num_splits(wl, block_q, block_kv, gpu.sm_count, _fp8(m))
+    if ns > FA3_SPLITS_LIMIT:
+        raise HbmsimError(f"flash3: num_splits = {ns} is more than FA3 allows ({FA3_SPLITS_LIMIT})")
+    if ns > 1 and training:
+        raise HbmsimError("flash3: split-KV is forward-only in FA3: run the forward pass alone, or num_splits = 1")
+    return ns
+
+
 def kernel_workload(wl: Workload, m: Flash3Blocks, data: AttentionData | None = None) -> tuple:
     """(workload, data) the forward kernel sees: packed when m.pack_gqa (resolved) says so."""
     return packed(wl, data) if m.pack_gqa is True else (wl, data)
 
 
-def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int) -> bool:
-    """pack_gqa resolved: "auto" FA3's rule for a forward; true needs one query row sharing K/V
-    heads (one line otherwise); false: each query head its own tiles."""
+def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int, splits: int = 1) -> bool:
+    """pack_gqa resolved: "auto" FA3's rule for a forward (always with split-KV: "Always enable
+    PackGQA for Split"); true needs one query row sharing K/V heads (one line otherwise); false:
+    each query head its own tiles."""
     if m.pack_gqa not in (True, False, AUTO):
         raise HbmsimError(f"flash3: pack_gqa = {m.pack_gqa!r} must be true, false or \"auto\"")
     if m.pack_gqa is True:
@@ -157,6 +207,8 @@ def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q:
                               f"sharing a K/V head (heads = {wl.heads}, kv_heads = {wl.kv_heads}) here")
         return True
     # (FA3's rule for FA3's kernels; cuDNN's is not known: unpacked)
+    if m.pack_gqa == AUTO and splits > 1:
+        return pack_applies(wl)
     return m.pack_gqa == AUTO and not training and m.variant != CUDNN and fa3_pack_gqa(wl, kernel_block_q)
 
 
@@ -172,9 +224,13 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     notes: list = []
     bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
-    pack = _resolve_pack(wl, m, training, bq)
+    splits = _resolve_splits(gpu, wl, m, training, bq, bkv)
+    pack = _resolve_pack(wl, m, training, bq, splits)
+    if splits > 1 and not pack and wl.kv_heads < wl.heads:
+        notes.append(f"num_splits = {splits}: FA3 packs the query heads of a split forward (PackGQA); with "
+                     f"seq_len_q = {wl.seq_len_q} they are simulated unpacked")
     wl = kernel_workload(wl, replace(m, pack_gqa=pack))[0]      # the forward's tiles are the packed rows'
-    out = {"pack_gqa": pack, "stages": FA3_STAGES if m.stages == AUTO else m.stages,
+    out = {"pack_gqa": pack, "num_splits": splits, "stages": FA3_STAGES if m.stages == AUTO else m.stages,
            "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers,
            "lpt_order": (wl.causal and m.variant != CUDNN) if m.lpt_order == AUTO else m.lpt_order}
     for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
@@ -246,14 +302,33 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), registers,
                                pv_is_rs, instructions, m.lpt_order, tile_rows, whole)
+    splits = 1 if m.num_splits == AUTO else m.num_splits       # (a mapping built unresolved: none)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
-                          registers, pv_is_rs, m.lpt_order, tile_rows, whole)
+                          registers, pv_is_rs, m.lpt_order, tile_rows, whole, splits)
 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
     if pass_name == "forward":
-        return flash3_forward_io(kernel_workload(wl, m)[0], m.block_q, m.block_kv, _fp8(m))
+        wk = kernel_workload(wl, m)[0]
+        if m.num_splits not in (1, AUTO):
+            return flash3_splitkv_io(wk, m.block_q, m.block_kv, m.num_splits, _fp8(m))
+        return flash3_forward_io(wk, m.block_q, m.block_kv, _fp8(m))
     return flash3_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
+
+
+def flash3_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int, fp8: bool) -> dict:
+    """{tensor: (read, write)} of a split forward and FA3's combine on `wl` (the workload the
+    kernel sees): flash2_splitkv_io's, the same reads and writes (Q once a block, each split's K/V
+    share, an fp32 partial O and lse a split, the combine reading them and writing O and lse), with
+    Q, K, V in e4m3 for FP8, and every split's lse read once more by each further column block of
+    the combine (kBlockK: flash3_combine.combine_tile)."""
+    io = dict(flash2_splitkv_io(wl, block_q, block_kv, num_splits))
+    if fp8:                    # Q, K, V at 1 byte an element, not the workload's
+        io.update({n: (io[n][0] // wl.itemsize, io[n][1]) for n in ("Q", "K", "V")})
+    k_blocks = math.ceil(wl.head_dim / combine_tile(wl.head_dim)[1])
+    r, w = io["lse_accum"]
+    io["lse_accum"] = (r + (k_blocks - 1) * wl.groups * wl.seq_len_q * 4 * num_splits, w)
+    return io
 
 
 def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
@@ -267,6 +342,9 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
     c = math.ceil
     wl = wl if training else kernel_workload(wl, m)[0]
+    if not training and m.num_splits not in (1, AUTO):       # a split's share of the K/V tiles, and the combine
+        per = c(c(wl.seq_len_kv / m.block_kv) / m.num_splits)
+        return wl.groups * c(wl.seq_len_q / m.block_q) * m.num_splits * per + combine_blocks(wl, wl.head_dim)
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
     steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (_fwd_step(wl, m) if fast else 1))
     if training:
@@ -282,13 +360,14 @@ def _describe(m: Flash3Blocks) -> str:
         text += f" bwd {m.block_q_bwd}x{m.block_kv_bwd}"
     return text + f" {m.stages}st" + (" fp8" if _fp8(m) else "") + (" cudnn" if m.variant == CUDNN else "") \
         + (" P-smem" if m.pv_in_registers is False else "") + (" lpt" if m.lpt_order is True else "") \
-        + (" packed" if m.pack_gqa is True else "")
+        + (" packed" if m.pack_gqa is True else "") \
+        + (f" split{m.num_splits}" if m.num_splits not in (1, AUTO) else "")
 
 
 SPEC = register(AlgorithmSpec(
     name="flash3", label="FlashAttention-3 (Shah et al. 2024)", mapping_type=Flash3Blocks,
     build=_build, io=_io, sram_bytes=_sram_bytes, resolve=_resolve, steps=_steps, describe=_describe,
-    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages", "q_tile_rows"),
+    auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages", "q_tile_rows", "num_splits"),
     bool_fields=("pv_in_registers", "lpt_order", "pack_gqa"),
     variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

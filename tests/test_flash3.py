@@ -141,6 +141,54 @@ def test_pack_gqa_packs_a_decode_steps_query_heads_by_fa3s_rule_by_hand():
     assert resolved(wl, variant="cudnn-sm90").pack_gqa is False      # cuDNN's rule is not FA3's
 
 
+def test_split_kv_by_fa3s_rule_worked_by_hand():
+    """FA3's num_splits_heuristic (flash_api.cpp get_num_splits): a decode step, batch 8, 32 query
+    heads on 8 K/V heads, N = 16384, head dim 128 on the H100's 132 SMs: kBlockM x kBlockN 128 x
+    176, the 4 query heads packed into one query block, 8 x 8 = 64 blocks < 0.8 x 132; 94 K/V
+    blocks; wave efficiency 64 s / 132 over its ceiling: 0.48 at 1 split, 0.97 at 2, the best 1.0
+    (33): 2 splits, the first within 0.85 of it. One K/V head over 50 MB (N = 131072: 64 MiB) with
+    1,024 >= 2 x 132 query blocks and no mask: 2 pieces of 50 MB; causal: 1."""
+    from hbmsim.algorithms.flash3_spec import fa3_num_splits
+    decode = Workload(8, 32, 1, 16384, 128, dtype="bf16", kv_heads=8)
+    assert fa3_num_splits(decode, 128, 176, 132, False) == 2
+    m = resolved(decode)
+    assert (m.num_splits, m.pack_gqa, m.block_q) == (2, True, 4)
+    long = Workload(1, 32, 131072, 131072, 128, dtype="bf16")
+    assert fa3_num_splits(long, 128, 176, 132, False) == 2
+    assert fa3_num_splits(dataclasses.replace(long, causal=True), 128, 128, 132, False) == 1
+    assert resolved(decode, training=True).num_splits == 1 and resolved(decode, variant="cudnn-sm90").num_splits == 1
+    with pytest.raises(HbmsimError, match="num_splits = 300 is more than FA3 allows"):
+        resolved(decode, num_splits=300)
+    with pytest.raises(HbmsimError, match="split-KV is forward-only"):
+        resolved(decode, training=True, num_splits=2)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_split_forward_and_combine_bytes_and_numerics_by_hand(d):
+    """A split forward (FA3's Split) and its combine: 1 batch x 2 heads, 100 query rows, 1000 keys,
+    3 splits (head dim 64: 8 blocks of 128 keys, 3, 3, 2 a split; 256: 16 of 64, 6, 6, 4, within
+    shared memory). Q is read once per (query block,
+    split), K and V once per split's share, an fp32 partial O and lse written per split and read
+    by the combine (its lse by each of its column blocks: 2 at head dim 256, kBlockK 128), O and
+    lse written once; the output is the float64 reference's, causal or not."""
+    for causal in (False, True):
+        wl = Workload(1, 2, 100, 1000, d, dtype="bf16", causal=causal)
+        m = resolved(wl, block_q=64, block_kv=128 if d == 64 else 64, num_splits=3)
+        data = random_data(wl, seed=4)
+        res = simulate(H100, SPEC.build(wl, m, data, False))
+        assert [k.name for k in res.kernels][:2] == ["flash3_fwd", "flash3_fwd_combine"]
+        got = counted(res, "forward")
+        assert got == nonzero(SPEC.io(wl, m, "forward"))
+        if not causal:
+            assert got["K"] == (2 * 2 * 1000 * d * 2, 0)             # each query block reads every key once
+            assert got["O_accum"] == (2 * 3 * 100 * d * 4,) * 2      # written and read once a split, fp32
+            assert got["lse_accum"] == (2 * 3 * 100 * 4 * (d // 128 if d > 64 else 1), 2 * 3 * 100 * 4)
+            assert got["O"] == (0, 2 * 100 * d * 2) and got["lse"] == (0, 2 * 100 * 4)
+        o_ref, lse_ref = attention_forward(wl, data)
+        assert np.max(np.abs(res.outputs["O"].reshape(o_ref.shape) - o_ref)) < 1e-12
+        np.testing.assert_allclose(res.outputs["lse"].reshape(lse_ref.shape), lse_ref, rtol=0, atol=1e-12)
+
+
 def test_training_counts_and_gradients():
     wl = Workload(1, 2, 192, 192, 64, dtype="fp16", causal=True)
     m = resolved(wl, True, block_q_bwd=64, block_kv_bwd=64)
@@ -209,15 +257,18 @@ def test_refused_in_the_cli_with_exit_2(tmp_path, capsys):
 
 
 def test_same_bytes_as_flash2_less_time_and_fp8_faster():
-    """FA3 moves FA2's bytes with the same tiles; its schedule (wgmma, overlap) takes less time."""
+    """FA3 moves FA2's bytes with the same tiles and no split (FA3's own rule would split these 64
+    query blocks over 2); its schedule (wgmma, overlap) takes less time."""
     wl = Workload(1, 8, 1024, 1024, 128, dtype="fp16")
     flash2 = registry.get("flash2")
     m2 = flash2.resolved(H100, wl, flash2.mapping_type(block_q=128, block_kv=128), False)[0]
-    m3 = resolved(wl, block_q=128, block_kv=128)
+    assert resolved(wl).num_splits == 2
+    m3 = resolved(wl, block_q=128, block_kv=128, num_splits=1)
     r2, r3 = simulate(H100, flash2.build(wl, m2, None, False)), simulate(H100, SPEC.build(wl, m3, None, False))
     assert counted(r2, "forward") == counted(r3, "forward")
     assert r3.time_s < 0.8 * r2.time_s
-    r8 = simulate(H100, SPEC.build(wl, resolved(wl, variant="fp8", block_q=128, block_kv=128), None, False))
+    r8 = simulate(H100, SPEC.build(wl, resolved(wl, variant="fp8", block_q=128, block_kv=128, num_splits=1), None,
+                                   False))
     assert r8.time_s < r3.time_s
 
 
