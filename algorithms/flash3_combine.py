@@ -95,6 +95,8 @@ def fa3_combine_launch(wl, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool)
     # ring of kStages partial O tiles (kBlockM x kBlockK fp32)
     max_splits = max(16, 1 << (num_splits - 1).bit_length())
     smem = max_splits * block_m * 4 + COMBINE_STAGES * block_m * block_k * 4
-    # blocks a batch apart do alike work (fold.py's period)
+    # fold.py's period: with one column block and whole row blocks every block does alike work; else
+    # blocks a batch apart do
+    period = 1 if k_blocks == 1 and (nq * H) % block_m == 0 else m_blocks * k_blocks
     return Launch("flash3_fwd_combine", m_blocks * k_blocks * wl.batch, smem, block, allocs=(O, LSE),
-                  frees=(O_acc, L_acc), period=m_blocks * k_blocks, threads_per_block=COMBINE_THREADS, host_ops=0)
+                  frees=(O_acc, L_acc), period=period, threads_per_block=COMBINE_THREADS, host_ops=0)

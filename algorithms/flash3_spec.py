@@ -147,20 +147,22 @@ FA3_SPLITS_LIMIT = 256        # "num_splits > 256 not supported" (mha_fwd)
 FA3_SPLIT_L2_BYTES = 50 * 1024 * 1024    # num_splits_heuristic's "we assume that L2 size is 50MB"
 
 
-def fa3_num_splits(wl: Workload, block_q: int, block_kv: int, sm_count: int, fp8: bool) -> int:
+def fa3_num_splits(wl: Workload, block_q: int, block_kv: int, sm_count: int, fp8: bool,
+                   long_kv: bool = True) -> int:
     """FA3's split count (hopper/flash_api.cpp get_num_splits, heuristics.h num_splits_heuristic,
     commit 0251105a), for the kernel's kBlockM x kBlockN and the query heads packed as Split packs
     them: total_mblocks = batch x kv_heads x ceil(Nq x heads / kv_heads / kBlockM). Enough to fill
     0.8 of the SMs: 1, unless one K/V head (Nk x 2d x element size) exceeds 50 MB with 2 x SMs query
     blocks or more and no causal mask (then the 50 MB pieces); 4 K/V blocks or fewer: 1; else the
-    fewest splits whose wave efficiency (n_waves / ceil(n_waves)) is 0.85 of the best, up to 128."""
+    fewest splits whose wave efficiency (n_waves / ceil(n_waves)) is 0.85 of the best, up to 128.
+    `long_kv` false: the 50 MB branch is not taken (1 split there; see _resolve_splits)."""
     ratio = wl.heads // wl.kv_heads
     num_n_blocks = math.ceil(wl.seq_len_kv / block_kv)
     num_m_blocks = math.ceil(wl.seq_len_q * ratio / block_q)
     size_one_kv_head = wl.seq_len_kv * 2 * wl.head_dim * (1 if fp8 else 2)
     total_mblocks = wl.batch * wl.kv_heads * num_m_blocks
     if total_mblocks >= 0.8 * sm_count:
-        if size_one_kv_head > FA3_SPLIT_L2_BYTES and num_m_blocks >= 2 * sm_count and not wl.causal:
+        if long_kv and size_one_kv_head > FA3_SPLIT_L2_BYTES and num_m_blocks >= 2 * sm_count and not wl.causal:
             return min(-(-size_one_kv_head // FA3_SPLIT_L2_BYTES), FA3_MAX_SPLITS)
         return 1
     if num_n_blocks <= 4:
@@ -174,12 +176,35 @@ def fa3_num_splits(wl: Workload, block_q: int, block_kv: int, sm_count: int, fp8
     return next((n for n in range(1, max_splits + 1) if eff[n - 1] >= 0.85 * best), 1)
 
 
-def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q: int, block_kv: int) -> int:
+def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q: int, block_kv: int,
+                    notes: list) -> int:
     """num_splits resolved: "auto" FA3's rule for FA3's own kernels' forward (1 for training and for
-    cudnn-sm90, whose rule is not known); a number: 1..256 (one line otherwise), forward only."""
+    cudnn-sm90, whose rule is not known; 1, with a note, where its partial outputs would not fit the
+    HBM), but for its branch that splits a long prefill's K/V heads over 50 MB (non-causal, 2 x SMs
+    query blocks): there a split moved the predicted time by 0.2% (H100, 32 heads, head dim 128,
+    N = 131072 and 262144: 2 and 3 splits) while its blocks, alike only a batch-head apart (2,048 and
+    6,144 blocks), kept fast mode from folding before 8 of them (37 and 400 CPU-s against 3 and 5),
+    so "auto" keeps 1 there, with a note; a number runs it. A number: 1..256 (one line otherwise),
+    forward only."""
     ns = m.num_splits
     if ns == AUTO:
-        return 1 if training or m.variant == CUDNN else fa3_num_splits(wl, block_q, block_kv, gpu.sm_count, _fp8(m))
+        ns = 1 if training or m.variant == CUDNN else fa3_num_splits(wl, block_q, block_kv, gpu.sm_count, _fp8(m),
+                                                                     long_kv=False)
+        if ns == 1 and not training and m.variant != CUDNN:
+            fa3 = fa3_num_splits(wl, block_q, block_kv, gpu.sm_count, _fp8(m))
+            if fa3 > 1:
+                notes.append(f"num_splits: FA3 splits this long prefill's K/V heads in {fa3} (over 50 MB each); "
+                             "simulated in 1 (0.2% off, far faster: set num_splits to run FA3's)")
+        # the splits' fp32 partial O and lse (num_splits x batch-heads x Nq x (d + 1) x 4 B) beside Q and O
+        # (batch-heads x Nq x d each) and K and V (K/V batch-heads x Nk x d each): where FA3's rule would
+        # not fit the GPU's HBM (FA3 itself would run out of memory), one split
+        need = ns * wl.groups * wl.seq_len_q * (wl.head_dim + 1) * 4 \
+            + 2 * (wl.groups * wl.seq_len_q + wl.kv_groups * wl.seq_len_kv) * wl.head_dim * wl.itemsize
+        if ns > 1 and need > gpu.hbm_capacity_bytes:
+            notes.append(f"num_splits: FA3's rule picks {ns}, whose fp32 partial outputs do not fit "
+                         f"hbm_capacity_bytes = {gpu.hbm_capacity_bytes} (FA3 would run out of memory): 1 split")
+            ns = 1
+        return ns
     if ns > FA3_SPLITS_LIMIT:
         raise HbmsimError(f"flash3: num_splits = {ns} is more than FA3 allows ({FA3_SPLITS_LIMIT})")
     if ns > 1 and training:
@@ -224,7 +249,7 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     notes: list = []
     bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
-    splits = _resolve_splits(gpu, wl, m, training, bq, bkv)
+    splits = _resolve_splits(gpu, wl, m, training, bq, bkv, notes)
     pack = _resolve_pack(wl, m, training, bq, splits)
     if splits > 1 and not pack and wl.kv_heads < wl.heads:
         notes.append(f"num_splits = {splits}: FA3 packs the query heads of a split forward (PackGQA); with "

@@ -156,6 +156,16 @@ def test_split_kv_by_fa3s_rule_worked_by_hand():
     long = Workload(1, 32, 131072, 131072, 128, dtype="bf16")
     assert fa3_num_splits(long, 128, 176, 132, False) == 2
     assert fa3_num_splits(dataclasses.replace(long, causal=True), 128, 128, 132, False) == 1
+    # "auto" keeps that long prefill in one split (0.2% off, its fast mode folds), saying so
+    m, notes = SPEC.resolved(H100, long, SPEC.mapping_type(), False)
+    assert m.num_splits == 1 and "FA3 splits this long prefill's K/V heads in 2" in notes[0]
+    # a split whose fp32 partial outputs would not fit the GPU's HBM: one, saying so
+    need = 2 * 256 * 1 * 129 * 4 + 2 * (256 * 1 + 64 * 16384) * 128 * 2      # 2 splits' partials; Q, O; K, V
+    small = dataclasses.replace(H100, hbm_capacity_bytes=need - 1)
+    m, notes = SPEC.resolved(small, decode, SPEC.mapping_type(), False)
+    assert m.num_splits == 1 and "do not fit hbm_capacity_bytes" in notes[0]
+    assert SPEC.resolved(dataclasses.replace(H100, hbm_capacity_bytes=need), decode, SPEC.mapping_type(),
+                         False)[0].num_splits == 2
     assert resolved(decode, training=True).num_splits == 1 and resolved(decode, variant="cudnn-sm90").num_splits == 1
     with pytest.raises(HbmsimError, match="num_splits = 300 is more than FA3 allows"):
         resolved(decode, num_splits=300)
