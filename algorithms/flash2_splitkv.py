@@ -300,6 +300,19 @@ def combine_pieces(wl: Workload, index: int, cbm: int) -> list:
     return out
 
 
+def combined(ls: np.ndarray, parts: list) -> tuple:
+    """(O, lse, scales) of rows whose splits' log-sum-exps are ls (splits x rows) and partial outputs
+    parts[s] (rows x d), in float64: lse = log sum_s exp(lse_s) with the max taken out, scale_s =
+    exp(lse_s - lse), O = sum_s scale_s O_s (rows that saw no key: lse -inf, O 0)."""
+    mx = np.max(ls, axis=0)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    tot = np.exp(ls - mx).sum(axis=0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(tot > 0, np.log(np.where(tot > 0, tot, 1.0)) + mx, -np.inf)
+    sc = np.where(np.isfinite(lse), np.exp(ls - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+    return sum(sc[s][:, None] * parts[s] for s in range(len(parts))), lse, sc
+
+
 def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool, fixed: int = 0) -> Launch:
     G, nq, d = wl.groups, wl.seq_len_q, wl.head_dim
     cbm = combine_block_m(d)
@@ -327,13 +340,7 @@ def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric:
             o_tile = lse_tile = None
             if numeric:
                 ls = np.stack([lses[s * len(pieces) + j][:, 0] for s in range(num_splits)])     # (splits, rows)
-                mx = np.max(ls, axis=0)
-                mx = np.where(np.isfinite(mx), mx, 0.0)
-                tot = np.exp(ls - mx).sum(axis=0)
-                with np.errstate(divide="ignore"):
-                    lse = np.where(tot > 0, np.log(np.where(tot > 0, tot, 1.0)) + mx, -np.inf)
-                sc = np.where(np.isfinite(lse), np.exp(ls - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
-                o_tile = sum(sc[s][:, None] * parts[s * len(pieces) + j] for s in range(num_splits))
+                o_tile, lse, sc = combined(ls, [parts[s * len(pieces) + j] for s in range(num_splits)])
                 lse_tile = lse[:, None]
                 ctx.note("combine", g=g, rows=(r.start, r.stop), lse_s=ls.T, lse=lse, scale=sc.T, O=o_tile)
             stores += [(O[g], r, slice(0, d), o_tile), (LSE[g], r, one, lse_tile)]

@@ -11,7 +11,8 @@ partial O and its log-sum-exp, flash3.flash3_forward), one block per (kBlockM ro
 3. O = sum_s scale_s O_s, split after split, the partial O of split s + kStages - 1 loaded while
    split s is added in (a ring of kStages = 4 shared-memory stages), then O in the output dtype.
 kBlockK is 64 for head dims up to 64, else 128; kBlockM 16 and 8 for them ("as small as possible
-to maximize parallelism"). Numerics: the float64 combination flash2's combine computes.
+to maximize parallelism"). Numerics: the float64 combination flash2's combine computes
+(flash2_splitkv.combined).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import math
 import numpy as np
 
 from hbmsim.simulator import Launch
+
+from .flash2_splitkv import combined
 
 COMBINE_THREADS = 256      # kNThreads (run_flash_fwd_combine)
 COMBINE_STAGES = 4         # kStages (FlashAttnFwdCombine)
@@ -78,13 +81,7 @@ def fa3_combine_launch(wl, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool)
             o_tile = lse_tile = None
             if numeric:
                 ls = np.stack([lses[s * len(pieces) + j][:, 0] for s in range(num_splits)])     # (splits, rows)
-                mx = np.max(ls, axis=0)
-                mx = np.where(np.isfinite(mx), mx, 0.0)
-                tot = np.exp(ls - mx).sum(axis=0)
-                with np.errstate(divide="ignore"):
-                    lse = np.where(tot > 0, np.log(np.where(tot > 0, tot, 1.0)) + mx, -np.inf)
-                sc = np.where(np.isfinite(lse), np.exp(ls - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
-                o_tile = sum(sc[s][:, None] * parts[s * len(pieces) + j] for s in range(num_splits))
+                o_tile, lse, _ = combined(ls, [parts[s * len(pieces) + j] for s in range(num_splits)])
                 lse_tile = lse[:, None]
             stores.append((O[g], r, cols, o_tile))
             if kb == 0:                          # the column block 0 writes lse
