@@ -15,7 +15,7 @@ from .flash2_backward import flash2_bwd_sram_bytes, flash2_training
 from . import flash2_rawkernel_tc as tc
 from .flash2_teaching import TEACHING, teaching_forward_io, teaching_mapping
 from .flash2_splitkv import (COMBINE_FIXED_INSTRUCTIONS, MAX_SPLITS, SPLITKV_BLOCK_M, SPLITKV_FIXED_INSTRUCTIONS,
-                             SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward, flash2_splitkv_io, packed,
+                             SPLITKV_WARPS, auto_num_splits, flash2_splitkv_forward, flash2_splitkv_io, kernel_workload,
                              resolve_pack, splitkv_block_n, splitkv_steps)
 from .io_formulas import flash2_backward_io, flash2_forward_io
 from .paged import check_page_size
@@ -142,11 +142,6 @@ def _fit(br: int, bc: int, need, limit: int, what: str, notes: list) -> tuple[in
         notes.append(f"the kernel's {what} blocks {b0[0]}x{b0[1]} do not fit sram_bytes_per_sm = {limit}: "
                      f"{br}x{bc}")
     return br, bc
-
-
-def kernel_workload(wl: Workload, m: Flash2Blocks, data: AttentionData | None = None) -> tuple:
-    """(workload, data) the forward kernel sees: packed when m.pack_gqa (resolved) says so."""
-    return packed(wl, data) if m.pack_gqa is True else (wl, data)
 
 
 def uses_splitkv(m: Flash2Blocks, training: bool = False) -> bool:

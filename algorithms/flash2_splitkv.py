@@ -149,6 +149,12 @@ def packed(wl: Workload, data: AttentionData | None = None) -> tuple:
     return weff, AttentionData(q, data.k, data.v, data.kv_lens, None, d_o)
 
 
+def kernel_workload(wl: Workload, m, data: AttentionData | None = None) -> tuple:
+    """(workload, data) a forward kernel sees: packed when the mapping's resolved pack_gqa says so
+    (flash2's Flash2Blocks, flash3's Flash3Blocks)."""
+    return packed(wl, data) if m.pack_gqa is True else (wl, data)
+
+
 def split_blocks(wl: Workload, q_end: int, split: int, num_splits: int, block_kv: int) -> tuple[int, int]:
     """[n_block_min, n_block_max) of K/V blocks the split kernel's block (query rows ending at
     q_end, split `split`) visits; empty when min >= max."""

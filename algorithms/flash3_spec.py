@@ -22,7 +22,7 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, fwd_tiles_per_step
-from .flash2_splitkv import flash2_splitkv_io, pack_applies, packed
+from .flash2_splitkv import flash2_splitkv_io, kernel_workload, pack_applies
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_combine import combine_blocks, combine_tile
 from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
@@ -210,11 +210,6 @@ def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q:
     if ns > 1 and training:
         raise HbmsimError("flash3: split-KV is forward-only in FA3: run the forward pass alone, or num_splits = 1")
     return ns
-
-
-def kernel_workload(wl: Workload, m: Flash3Blocks, data: AttentionData | None = None) -> tuple:
-    """(workload, data) the forward kernel sees: packed when m.pack_gqa (resolved) says so."""
-    return packed(wl, data) if m.pack_gqa is True else (wl, data)
 
 
 def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int, splits: int = 1) -> bool:
