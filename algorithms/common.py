@@ -27,11 +27,11 @@ def online_softmax_vector_flops(wl: Workload, rows: int, cols: int) -> int:
 
 
 def refuse_paged(wl: Workload, program: str) -> None:
-    """A program that reads K/V contiguously refuses a paged KV cache, in one line (only flash2
-    models FA2's block table: algorithms/paged.py)."""
+    """A program that reads K/V contiguously refuses a paged KV cache, in one line (flash2 and
+    flash3 model FA2's block table and FA3's page_table: algorithms/paged.py)."""
     if wl.kv_page_size is not None:
-        raise HbmsimError(f"{program}: field 'kv_page_size' = {wl.kv_page_size}: only flash2 models a paged KV "
-                          "cache (FA2's block_table); leave it out (contiguous K/V)")
+        raise HbmsimError(f"{program}: field 'kv_page_size' = {wl.kv_page_size}: only flash2 and flash3 model a "
+                          "paged KV cache (FA2's block_table, FA3's page_table); leave it out (contiguous K/V)")
 
 
 def input_tensors(wl: Workload, data: AttentionData | None, paged: bool = False) -> dict:

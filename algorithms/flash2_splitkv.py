@@ -41,6 +41,7 @@ from hbmsim.simulator.time_model import MMA_SYNC
 from .common import (STATS_DTYPE, block_rows, normalised_rows, unnormalised_softmax_step, input_tensors, masked_scores,
                      output, tiles_per_step)
 from .flash2 import flash2_sram_bytes, pv_work, qk_softmax_work
+from .flash3_pack import PackGQA
 from .paged import KVLayout, table_entries
 from .workload import AttentionData, Workload, causal_kv_end
 
@@ -151,7 +152,7 @@ def packed(wl: Workload, data: AttentionData | None = None) -> tuple:
 
 def kernel_workload(wl: Workload, m, data: AttentionData | None = None) -> tuple:
     """(workload, data) a forward kernel sees: packed when the mapping's resolved pack_gqa says so
-    (flash2's Flash2Blocks, flash3's Flash3Blocks)."""
+    (flash2's Flash2Blocks; flash3 packs in its own kernel, flash3_pack.py)."""
     return packed(wl, data) if m.pack_gqa is True else (wl, data)
 
 
@@ -368,7 +369,8 @@ def splitkv_steps(wl: Workload, block_q: int, block_kv: int, num_splits: int, fa
     return wl.groups * math.ceil(wl.seq_len_q / block_q) * num_splits * steps + combine
 
 
-def flash2_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int, kv_append: int = 0) -> dict:
+def flash2_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int, kv_append: int = 0,
+                      pack: int = 1) -> dict:
     """Closed-form bytes {tensor: (read, write)} of flash2_splitkv_forward on `wl` (the workload
     the kernel sees), derived from the kernels, not the simulator. Per batch-head (all alike), per
     (query block of n rows, split) with K/V blocks [lo, hi) (split_blocks): empty -> n d 4 + n 4
@@ -376,8 +378,11 @@ def flash2_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int
     the new rows a (append_rows) read from K_new, V_new and written to K, V, with a paged cache
     the block-table entries of its keys (paged.table_entries, 4 B each), and n d 4 + n 4 of
     O_accum, lse_accum (O n d e + lse n 4 with one split). Combine: every split's O_accum and
-    lse_accum read once (G Nq d 4 S, G Nq 4 S), O and lse written once."""
-    G, nq, nk, d, e = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim, wl.itemsize
+    lse_accum read once (G Nq d 4 S, G Nq 4 S), O and lse written once. `pack` > 1: FA3's PackGQA
+    on `wl` unpacked (flash3_pack.py): G = batch x K/V heads, each of Nq x pack packed rows, a
+    block's causal end its last query row's."""
+    pk = PackGQA(wl, pack)
+    G, nq, nk, d, e = pk.groups, pk.rows, wl.seq_len_kv, wl.head_dim, wl.itemsize
     stats, index = 4, 4
     split = num_splits > 1
     q = kv = lens = new = out_rows = table = 0
@@ -385,7 +390,7 @@ def flash2_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int
         rows = block_rows(i, block_q, nq)
         n = rows.stop - rows.start
         for s in range(num_splits):
-            lo, hi = split_blocks(wl, rows.stop, s, num_splits, block_kv)
+            lo, hi = split_blocks(wl, pk.q_end(rows.stop), s, num_splits, block_kv)
             out_rows += n
             if lo >= hi:
                 continue

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,14 +35,16 @@ from hbmsim.simulator import HbmsimError, Launch, Program, Tensor
 from hbmsim.simulator.tensor import L2Lines
 from hbmsim.simulator.time_model import WGMMA, WGMMA_FP8
 
-from .common import (STATS_DTYPE, block_rows, masked_scores, normalised_rows, online_softmax_vector_flops, output,
+from .common import (STATS_DTYPE, block_rows, normalised_rows, online_softmax_vector_flops, output,
                      row_blocks_period, unnormalised_softmax_step)
 from . import common
 from .common import long_causal
 from .common import tiles_per_step as coarse_step
 from .flash2_splitkv import split_blocks
 from .flash3_combine import fa3_combine_launch
-from .workload import AttentionData, Workload, causal_kv_end
+from .flash3_pack import PackGQA
+from .paged import KVLayout
+from .workload import AttentionData, Workload
 
 WG_ROWS = 64              # rows of one consumer warpgroup: AtomLayoutQK = kBlockM / 64 warpgroups
                           # (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp line 89)
@@ -66,7 +69,7 @@ def fa3_inputs(wl: Workload, data: AttentionData | None, fp8: bool) -> dict:
         data.check(wl)
     if not fp8:
         from .common import input_tensors
-        return input_tensors(wl, data)
+        return input_tensors(wl, data, paged=True)
     return {"Q": fa3_tensor("Q", (g, nq, d), None if data is None else data.q.reshape(g, nq, d), True),
             "K": fa3_tensor("K", (gk, nk, d), None if data is None else data.k.reshape(gk, nk, d), True),
             "V": fa3_tensor("V", (gk, nk, d), None if data is None else data.v.reshape(gk, nk, d), True)}
@@ -119,11 +122,14 @@ def lpt_period(groups: int, blocks: int, swizzle: int) -> int:
     return swizzle * blocks if groups % swizzle == 0 else 0
 
 
-def lpt_tile(wl: Workload, tr: int, element_size: int):
-    """index -> (batch-head g = b x heads + h, query block i) in FA3's causal tile order (above)."""
-    # K and V of one K/V head, times the query heads it serves (PackGQA off)
-    swizzle = _swizzle(LPT_L2_SECTION_BYTES, wl.seq_len_kv * 2 * wl.head_dim * element_size) * wl.group_size
-    place = _sections(wl.groups, tr, swizzle)
+def lpt_tile(wl: Workload, tr: int, element_size: int, pack: int = 1):
+    """index -> (batch-head g, query block i) in FA3's causal tile order (above); g = b x heads + h,
+    or with PackGQA (`pack` > 1) b x kv_heads + h_k."""
+    # K and V of one K/V head, times the query heads it serves unpacked (tile_scheduler.hpp: "If not
+    # PackGQA already, the size of each section can increase by qhead_per_khead")
+    swizzle = _swizzle(LPT_L2_SECTION_BYTES, wl.seq_len_kv * 2 * wl.head_dim * element_size) \
+        * (1 if pack > 1 else wl.group_size)
+    place = _sections(wl.kv_groups if pack > 1 else wl.groups, tr, swizzle)
 
     def tile(index: int) -> tuple:
         g, block = place(index)
@@ -155,7 +161,8 @@ def lpt_bwd_tile(wl: Workload, tc: int, element_size: int):
 def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionData | None = None, stages: int = 2,
                    intra_wg_overlap: bool = True, pingpong: bool = True, fp8: bool = False,
                    tiles_per_step: int = 1, registers_per_thread: int = 0, pv_is_rs: bool = True,
-                   lpt: bool = False, tile_rows: int = 0, whole_kv: bool = True, num_splits: int = 1) -> Program:
+                   lpt: bool = False, tile_rows: int = 0, whole_kv: bool = True, num_splits: int = 1,
+                   pack: int = 1) -> Program:
     """`lpt`: the blocks in FA3's causal tile order (lpt_tile: longest first, batch-heads in L2
     sections), not the grid's (query block fastest, first to last). `tile_rows`: the rows the
     kernel's tile computes (Flash3Blocks.q_tile_rows; 0: each block's own rows), in warpgroups of
@@ -175,22 +182,34 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
     (batch-head, query block) in num_splits blocks over its K/V blocks' equal shares
     (flash2_splitkv.split_blocks: FA3's n_block_min/max of a split), each writing an fp32 partial O
     and lse of its real rows (zeros and -inf where its share is empty, with no work), and the
-    combine kernel after them (flash3_combine.py); `lpt` is then not taken."""
+    combine kernel after them (flash3_combine.py); `lpt` is then not taken. `pack` > 1: FA3's
+    PackGQA, a K/V head's `pack` query heads as the rows of one tile (flash3_pack.py: one block per
+    K/V batch-head and block_q packed rows, Q read and O written head by head, the causal mask by
+    each row's query row). A paged workload (kv_page_size): K and V in pages (paged.KVLayout, FA2's
+    layout and block table: FA3's page_table), a tile read page by page (TMA's page-aligned tiles,
+    or the producer warpgroup's cp.async rows, PagedKVNonTMA: the same bytes, and here the same
+    time) and each block's table entries read with its Q."""
     if wl.dropout > 0 or wl.key_padding_mask:
         raise HbmsimError("flash3: FlashAttention-3 has no dropout and no key-padding mask: set dropout = 0 and "
                           "key_padding_mask = false")
-    g_count, nq, nk, d = wl.groups, wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    nq, nk, d = wl.seq_len_q, wl.seq_len_kv, wl.head_dim
+    pk = PackGQA(wl, pack)
+    g_count, n_rows = pk.groups, pk.rows       # the grid's batch-heads, and the rows of one (packed or not)
     tensors = fa3_inputs(wl, data, fp8)
+    kv = KVLayout(wl, tensors, data)           # contiguous, or paged (algorithms/paged.py)
+    if fp8 and kv.paged:                       # the page pools in e4m3 too
+        for t in (kv.K, kv.V):
+            t.dtype, t.itemsize = FP8_DTYPE, FP8_BYTES
     Q, K, V = tensors["Q"], tensors["K"], tensors["V"]
     O = output(wl, "O", nq, d, wl.dtype, data)
     LSE = output(wl, "lse", nq, 1, STATS_DTYPE, data)
     split = num_splits > 1
     lpt = lpt and not split
     if split:                  # each split's partial O and lse, fp32 (FA3's out_accum, softmax_lse_accum)
-        O_acc = Tensor("O_accum", (num_splits * g_count, nq, d), STATS_DTYPE, count_only=data is None)
-        L_acc = Tensor("lse_accum", (num_splits * g_count, nq, 1), STATS_DTYPE, count_only=data is None)
+        O_acc = Tensor("O_accum", (num_splits * wl.groups, nq, d), STATS_DTYPE, count_only=data is None)
+        L_acc = Tensor("lse_accum", (num_splits * wl.groups, nq, 1), STATS_DTYPE, count_only=data is None)
     e = Q.itemsize
-    tr = math.ceil(nq / block_q)
+    tr = math.ceil(n_rows / block_q)
     scale = wl.softmax_scale
     numeric = data is not None
     all_cols = slice(0, d)
@@ -233,7 +252,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     + (tiles - 1) * online_softmax_vector_flops(wl, n, 0),
                     exp_ops=n * nc + tiles * n, sram_bytes=p_smem_bytes(n, nc))
 
-    order, swizzle = lpt_tile(wl, tr, e) if lpt else (None, 1)
+    order, swizzle = lpt_tile(wl, tr, e, pack) if lpt else (None, 1)
 
     def block(ctx, index):
         if split:              # the grid (query block, split, head, batch)
@@ -241,20 +260,28 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             s_idx, i = divmod(rest, tr)
         else:
             g, i = order(index) if lpt else divmod(index, tr)
-        rows = block_rows(i, block_q, nq)
+        rows = block_rows(i, block_q, n_rows)
         r0, r1 = rows.start, rows.stop
-        o_view, l_view = (O_acc[s_idx * g_count + g], L_acc[s_idx * g_count + g]) if split else (O[g], LSE[g])
+
+        def out_views(gq):     # query batch-head gq's O and lse (its split's fp32 partials)
+            return (O_acc[s_idx * wl.groups + gq], L_acc[s_idx * wl.groups + gq]) if split else (O[gq], LSE[gq])
+
         if split:              # this split's K/V blocks [lo, hi)
-            lo, hi = split_blocks(wl, r1, s_idx, num_splits, block_kv)
+            lo, hi = split_blocks(wl, pk.q_end(r1), s_idx, num_splits, block_kv)
             if lo >= hi:       # nothing to see: O_s = 0, lse_s = -inf, no reads
-                zeros = np.zeros((r1 - r0, d)) if numeric else None
-                ninf = np.full((r1 - r0, 1), -np.inf) if numeric else None
-                yield from ctx.store_tiles((o_view, rows, all_cols, zeros), (l_view, rows, slice(0, 1), ninf))
+                stores = []
+                for gq, q_rows in pk.pieces(g, r0, r1):
+                    n_q = q_rows.stop - q_rows.start
+                    zeros = np.zeros((n_q, d)) if numeric else None
+                    ninf = np.full((n_q, 1), -np.inf) if numeric else None
+                    o_view, l_view = out_views(gq)
+                    stores += [(o_view, q_rows, all_cols, zeros), (l_view, q_rows, slice(0, 1), ninf)]
+                yield from ctx.store_tiles(*stores)
                 return
             steps = kv_steps(lo * block_kv, min(nk, hi * block_kv))
         else:
-            steps = kv_steps(0, causal_kv_end(wl, r1) if wl.causal else nk)
-        kg = wl.kv_group(g)
+            steps = kv_steps(0, pk.kv_end(r1))
+        kg = pk.kv_group(g)
         # each warpgroup's real rows [w0, w1) (none past the sequence) and the rows it computes
         work_rows = max(r1 - r0, tile_rows)
         if block_q >= WG_ROWS:
@@ -272,7 +299,10 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         released = {p: [ctx.event() for _ in steps] for p in "kv"}
         done_with = {p: [0] * len(steps) for p in "kv"}
         turn = [ctx.event() for _ in wgs]           # ping-pong: whose GEMMs go next
-        q_load = ctx.prefetch((Q[g], rows, all_cols))
+        q_pieces = pk.pieces(g, r0, r1)              # Q's rows, head by head (one piece unpacked)
+        # paged: the block-table entries of the keys its tiles read, with Q
+        table = kv.table_tiles(kg, steps[0][0], steps[-1][1]) if steps else []
+        q_load = ctx.prefetch(*[(Q[gq], q_rows, all_cols) for gq, q_rows in q_pieces], *table)
 
         def release(p, s_i):
             done_with[p][s_i] += 1
@@ -303,7 +333,9 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         def kv_tiles(T, c0, c1):
             # a step's K or V rows, tile by tile (one TMA load each): in a coarse step too, the L2
             # keeps them as the lines of single tiles (L2Lines), so that every block, whatever its
-            # causal end, asks it for the same lines
+            # causal end, asks it for the same lines. Paged: page by page
+            if kv.paged:
+                return kv.tiles("K" if T is K else "V", kg, c0, c1)
             if prefix is not None:                # a long causal launch: the L2's prefix lines
                 return [(T[kg], slice(c0, c1), all_cols, prefix)]
             if c1 - c0 <= block_kv:
@@ -321,7 +353,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
 
         def consumer(w):
             w0, w1, n = wgs[w]               # its real rows, and the n rows its wgmma and softmax run over
-            q = (yield from ctx.wait(q_load))[0]
+            q = pk.gather((yield from ctx.wait(q_load))[:len(q_pieces)], q_pieces, r0, r1)
             q = None if q is None else q[w0 - r0:w1 - r0]
             m = l = acc = None
             numeric_rows = numeric and w1 > w0
@@ -359,7 +391,9 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
                     release("v", pending[0])
                 p = alpha = None
                 if numeric_rows:
-                    s = masked_scores(wl, scale, q, k, None, w0, w1, c0, c1)
+                    s = scale * (q @ k.T)       # S = scale Q K^T, -inf where the causal mask forbids
+                    ok = pk.causal_mask(w0, w1, c0, c1)
+                    s = s if ok is None else np.where(ok, s, -np.inf)
                     m_new, p, alpha, l = unnormalised_softmax_step(s, m, l)
                     m = m_new
                 pending = (s_i, nc, tiles, p, alpha)
@@ -382,18 +416,23 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
             o_tile = lse_tile = None
             if numeric_rows:
                 o_tile, lse_tile = normalised_rows(acc, l, m)
-            if w1 > w0:                          # the real rows' O and lse
-                wg_rows = slice(w0, w1)
-                yield from ctx.store_tiles((o_view, wg_rows, all_cols, o_tile), (l_view, wg_rows, slice(0, 1),
-                                                                                  lse_tile))
+            if w1 > w0:                          # the real rows' O and lse, head by head
+                pieces = pk.pieces(g, w0, w1)
+                stores = []
+                for (gq, q_rows), o_v, l_v in zip(pieces, pk.scatter(o_tile, pieces, w0),
+                                                  pk.scatter(lse_tile, pieces, w0)):
+                    o_view, l_view = out_views(gq)
+                    stores += [(o_view, q_rows, all_cols, o_v), (l_view, q_rows, slice(0, 1), l_v)]
+                yield from ctx.store_tiles(*stores)
 
         roles = [ctx.fork(producer(), "producer")] + [ctx.fork(consumer(w), f"consumer {w}") for w in range(n_wg)]
         for role in roles:
             yield role
 
-    n_wg_max = math.ceil(max(min(block_q, nq), tile_rows) / WG_ROWS)
+    n_wg_max = math.ceil(max(min(block_q, n_rows), tile_rows) / WG_ROWS)
+    # (one query row sees every key: its blocks are alike, causal or not)
     period = (num_splits * tr if split else lpt_period(g_count, tr, swizzle) if lpt
-              else row_blocks_period(wl, block_q, nq))
+              else row_blocks_period(wl if nq > 1 else replace(wl, causal=False), block_q, n_rows))
     launches = [Launch("flash3_fwd", g_count * num_splits * tr, flash3_sram_bytes(wl, block_q, block_kv, stages, fp8),
                        block, allocs=(O_acc, L_acc) if split else (O, LSE), tensor_op=op, period=period,
                        threads_per_block=128 * (n_wg_max + 1), registers_per_thread=registers_per_thread)]

@@ -42,8 +42,8 @@ def combine_blocks(wl, head_dim: int) -> int:
 
 
 def fa3_combine_launch(wl, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool) -> Launch:
-    """The combine launch over `wl`, the workload the forward kernel saw (packed where it packed:
-    its rows are then the query heads, in the same order as unpacked)."""
+    """The combine launch over `wl` (its query heads' rows, packed by the forward or not: the partial
+    outputs are in the unpacked layout either way)."""
     G, H, nq, d = wl.groups, wl.heads, wl.seq_len_q, wl.head_dim
     block_m, block_k = combine_tile(d)
     m_blocks, k_blocks = math.ceil(nq * H / block_m), math.ceil(d / block_k)

@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, fwd_tiles_per_step
-from .flash2_splitkv import flash2_splitkv_io, kernel_workload, pack_applies
+from .flash2_splitkv import flash2_splitkv_io
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_combine import combine_blocks, combine_tile
+from .flash3_pack import PackGQA
 from .flash3_backward import fa3_bwd_traits, flash3_bwd_sram_bytes, flash3_training
 from .io_flash3 import flash3_backward_io, flash3_forward_io
 from .registry import AlgorithmSpec, register
@@ -59,8 +62,8 @@ class Flash3Blocks:
     of 64 ("auto": the kernel's kBlockM before the sequence clipped it, so that a last block's rows
     past seq_len_q are computed as FA3's warpgroups compute them: flash3.flash3_forward; for
     cudnn-sm90 a warpgroup's 64, cuDNN's tiles not being FA3's; a block computes its own rows
-    where they are more); pack_gqa: a decode step's query heads that share a K/V head as the rows
-    of one tile (FA3's PackGQA; "auto": FA3's rule, fa3_pack_gqa; forward, one query row);
+    where they are more); pack_gqa: the query heads that share a K/V head as the rows of one tile
+    (FA3's PackGQA, flash3_pack.py; "auto": FA3's rule, fa3_pack_gqa; forward only);
     num_splits: split-KV, each (batch-head, query block) over that many blocks and FA3's combine
     ("auto": FA3's num_splits_heuristic for FA3's own kernels' forward, fa3_num_splits; 1 for
     training and cudnn-sm90). variant "fa3-kernel" (fp16/bf16 as the workload says),
@@ -80,31 +83,50 @@ class Flash3Blocks:
     num_splits: int | str = AUTO
 
 
-def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool) -> tuple[int, int, bool, bool]:
+def fa3_forward_tiles(head_dim: int, causal: bool, fp8: bool,
+                      paged_non_tma: bool = False) -> tuple[int, int, bool, bool]:
     """(kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap) of tile_size_fwd_sm90 for headdim = headdim_v,
-    no local window, TMA K/V (not paged), no softcap, V not column-major (hopper/tile_size.h).
-    MmaPV_is_RS false: P goes through shared memory to the P V GEMM (head dim 64 without a mask,
-    96)."""
-    d = head_dim
+    no local window, no softcap, V not column-major (hopper/tile_size.h); `paged_non_tma`: a paged
+    KV cache read without TMA (PagedKVNonTMA: fa3_paged_tma). MmaPV_is_RS false: P goes through
+    shared memory to the P V GEMM (head dim 64 without a mask or paging, 96)."""
+    d, paged = head_dim, paged_non_tma
     if not fp8:
         if d <= 64:
-            return 192, 128 if causal else 192, causal, True    # lines 14-26: use_blockN_128 = is_causal
+            n128 = causal or paged                            # lines 14-26: use_blockN_128
+            return 192, 128 if n128 else 192, n128, True
         if d <= 96:
-            return 192, 144, False, True                      # line 30
+            return 192, 128 if paged else 144, False, True    # line 30
         if d <= 128:
-            return 128, 128 if causal else 176, True, True    # lines 31-33
+            n128 = causal or paged                            # lines 31-33
+            return 128, 128 if n128 else 176, True, True
         if d <= 192:
-            return 128, 112, True, True                       # line 37 (headdim_v = d > 128: 112)
+            return 128, 96 if paged else 112, True, True      # line 37 (headdim_v = d > 128: 112)
         return 128, 80, True, True                            # line 39
     if d <= 64:
         return 192, 160, True, True                           # line 43
     if d <= 96:
         return 192, 128, True, True                           # line 45
     if d <= 128:
-        return 128, 224, True, True                           # line 47
+        return 128, 160 if paged else 224, True, True         # line 47
     if d <= 192:
         return 128, 160, True, True                           # line 49
-    return 128, 128, True, True                               # line 51
+    return 128, 128, True, not paged                          # line 51: "PagedKV uses more registers"
+
+
+def fa3_paged_tma(wl: Workload, fp8: bool) -> bool:
+    """Whether FA3 reads a paged cache with TMA (hopper/flash_api.cpp get_pagedkv_tma, commit
+    0251105a): when a page holds whole K/V tiles (page_size a multiple of the unpaged kernel's
+    kBlockN) and the packed query rows exceed a tile's kBlockM ("when seqlen_q <= kBlockM, we're not
+    compute bound, and somehow using TMA is slower"); else the producer warpgroup loads K and V with
+    cp.async row by row (PagedKVNonTMA, paged_kv.h), with tiles of its own and PackGQA always.
+    `wl` as the forward takes it (forward_workload)."""
+    block_m, block_n, _, _ = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
+    return wl.kv_page_size % block_n == 0 and wl.seq_len_q * wl.group_size > block_m
+
+
+def _non_tma(wl: Workload, m) -> bool:
+    """A paged cache read without TMA (PagedKVNonTMA)."""
+    return wl.kv_page_size is not None and not fa3_paged_tma(wl, _fp8(m))
 
 
 def fa3_pingpong(block_q: int, head_dim: int, fp8: bool, intra_wg_overlap: bool) -> bool:
@@ -132,14 +154,15 @@ def fa3_pack_gqa(wl: Workload, block_q: int) -> bool:
     0251105a): with query heads sharing a K/V head, pack them as rows of one tile when the tile's
     row efficiency unpacked, seqlen_q / round_up(seqlen_q, kBlockM), is below 0.9 of the packed
     one's (seqlen_q x heads per K/V head rows): "PackGQA ... can help if seqlen_q is small or not
-    near a multiple of kBlockM". Here only for one query row (decode), the packing flash2's
-    kernel_workload models (FA2's seqlenq_ngroups_swapped); longer query rows stay unpacked."""
-    if not pack_applies(wl):
+    near a multiple of kBlockM" (a decode step, a few speculative tokens, a short chunk). The
+    efficiencies are float32, as in the source."""
+    if wl.kv_heads == wl.heads:
         return False
-    ratio = wl.heads // wl.kv_heads
+    nq, ratio = wl.seq_len_q, wl.group_size
     round_up = lambda a, b: -(-a // b) * b
-    return wl.seq_len_q / round_up(wl.seq_len_q, block_q) < 0.9 * (wl.seq_len_q * ratio) / round_up(
-        wl.seq_len_q * ratio, block_q)
+    nopack = np.float32(nq) / np.float32(round_up(nq, block_q))
+    pack = np.float32(nq * ratio) / np.float32(round_up(nq * ratio, block_q))
+    return bool(float(nopack) < 0.9 * float(pack))
 
 
 FA3_MAX_SPLITS = 128          # get_num_splits' max_splits (flash_api.cpp)
@@ -212,24 +235,42 @@ def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q:
     return ns
 
 
-def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int, splits: int = 1) -> bool:
-    """pack_gqa resolved: "auto" FA3's rule for a forward (always with split-KV: "Always enable
-    PackGQA for Split"); true needs one query row sharing K/V heads (one line otherwise); false:
-    each query head its own tiles."""
+def _resolve_pack(wl: Workload, m: Flash3Blocks, training: bool, kernel_block_q: int, splits: int = 1,
+                  notes: list | None = None) -> bool:
+    """pack_gqa resolved: "auto" FA3's rule for a forward; true needs query heads sharing a K/V head
+    (one line otherwise); false: each query head its own tiles. FA3 packs a split forward and a
+    paged cache read without TMA whatever it is asked (run_mha_fwd: "PackGQA = PackGQA_ || Arch <
+    90 || PagedKVNonTMA || Split"), so there false is overridden, with a note."""
     if m.pack_gqa not in (True, False, AUTO):
         raise HbmsimError(f"flash3: pack_gqa = {m.pack_gqa!r} must be true, false or \"auto\"")
     if m.pack_gqa is True:
         if training:
             raise HbmsimError("flash3: pack_gqa packs a forward's query heads (FA3's PackGQA): run the forward "
                               "pass alone, or set pack_gqa = false")
-        if not pack_applies(wl):
-            raise HbmsimError(f"flash3: pack_gqa = true needs seq_len_q = 1 (got {wl.seq_len_q}) and query heads "
-                              f"sharing a K/V head (heads = {wl.heads}, kv_heads = {wl.kv_heads}) here")
+        if wl.kv_heads == wl.heads:
+            raise HbmsimError(f"flash3: pack_gqa = true needs query heads sharing a K/V head (heads = {wl.heads}, "
+                              f"kv_heads = {wl.kv_heads})")
         return True
     # (FA3's rule for FA3's kernels; cuDNN's is not known: unpacked)
-    if m.pack_gqa == AUTO and splits > 1:
-        return pack_applies(wl)
+    forced = "split-KV" if splits > 1 else "a paged cache read without TMA" if _non_tma(wl, m) else None
+    if forced and not training and wl.kv_heads < wl.heads:
+        if m.pack_gqa is False and notes is not None:
+            notes.append(f"pack_gqa = false: FA3 packs the query heads of {forced} whatever it is asked (PackGQA)")
+        return True
     return m.pack_gqa == AUTO and not training and m.variant != CUDNN and fa3_pack_gqa(wl, kernel_block_q)
+
+
+def forward_workload(wl: Workload, m: Flash3Blocks, training: bool) -> Workload:
+    """The workload as FA3's forward takes it (hopper/flash_api.cpp mha_fwd, "causal=true is the
+    same as causal=false in this case"): one query row under the causal mask sees every key, and
+    FA3 runs it unmasked, with the unmasked kernel's tiles (e.g. 192 keys at head dim 64, not 128)
+    and no causal tile order; except at head dims 65-128 with a paged cache ("we want causal to have
+    kBlockN=128, better for pagedKV and TMA"). FA3's own kernels, forward-only runs; the bytes and
+    the output are the same either way."""
+    keep = wl.kv_page_size is not None and 64 < wl.head_dim <= 128
+    if training or m.variant == CUDNN or not wl.causal or wl.seq_len_q != 1 or keep:
+        return wl
+    return replace(wl, causal=False)
 
 
 def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
@@ -242,27 +283,32 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     if _fp8(m) and training:
         raise HbmsimError("flash3: variant 'fp8' is forward only (FA3 has no FP8 backward): passes = [\"forward\"]")
     notes: list = []
-    bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m))
+    wl = forward_workload(wl, m, training)
+    if wl.kv_page_size is not None and (training or m.variant == CUDNN):
+        raise HbmsimError(f"flash3: kv_page_size = {wl.kv_page_size}: " + (
+            "FA3 pages the KV cache of its forward only (mha_bwd takes no page_table): passes = [\"forward\"]"
+            if training else "variant cudnn-sm90 has no paged KV cache here (torch's SDPA takes contiguous K/V)"))
+    bq, bkv, pv_rs, _ = fa3_forward_tiles(wl.head_dim, wl.causal, _fp8(m), _non_tma(wl, m))
     bq_b, bkv_b, _, _ = fa3_backward_tiles(wl.head_dim, wl.causal)
     splits = _resolve_splits(gpu, wl, m, training, bq, bkv, notes)
-    pack = _resolve_pack(wl, m, training, bq, splits)
-    if splits > 1 and not pack and wl.kv_heads < wl.heads:
-        notes.append(f"num_splits = {splits}: FA3 packs the query heads of a split forward (PackGQA); with "
-                     f"seq_len_q = {wl.seq_len_q} they are simulated unpacked")
-    wl = kernel_workload(wl, replace(m, pack_gqa=pack))[0]      # the forward's tiles are the packed rows'
+    pack = _resolve_pack(wl, m, training, bq, splits, notes)
+    # the forward's tiles are of the packed rows (seq_len_q x heads a K/V head) where it packs
+    lengths = {"seq_len_q": _pack(wl, pack).rows, "seq_len_kv": wl.seq_len_kv}
+    lengths_bwd = {"seq_len_q": wl.seq_len_q, "seq_len_kv": wl.seq_len_kv}
     out = {"pack_gqa": pack, "num_splits": splits, "stages": FA3_STAGES if m.stages == AUTO else m.stages,
            "pv_in_registers": pv_rs if m.pv_in_registers == AUTO else m.pv_in_registers,
-           "lpt_order": (wl.causal and m.variant != CUDNN) if m.lpt_order == AUTO else m.lpt_order}
+           # (FA3's split forward is not persistent: no causal order there)
+           "lpt_order": (wl.causal and m.variant != CUDNN and splits == 1) if m.lpt_order == AUTO else m.lpt_order}
     for key, kernel, seq_field in (("block_q", bq, "seq_len_q"), ("block_kv", bkv, "seq_len_kv"),
                                    ("block_q_bwd", bq_b, "seq_len_q"), ("block_kv_bwd", bkv_b, "seq_len_kv")):
-        value, seq = getattr(m, key), getattr(wl, seq_field)
+        value, seq = getattr(m, key), (lengths_bwd if key.endswith("_bwd") else lengths)[seq_field]
         if value == AUTO:
             value = min(kernel, seq)       # clipped to the sequence: the same bytes, less SRAM
         elif value > seq:
             notes.append(f"{key} = {value} is longer than {seq_field} = {seq}: clamped to {seq}")
             value = seq
         out[key] = value
-    out["q_tile_rows"] = _q_tile_rows(m, wl, bq if m.block_q == AUTO else m.block_q, out["block_q"])
+    out["q_tile_rows"] = _q_tile_rows(m, bq if m.block_q == AUTO else m.block_q, out["block_q"])
     if m.variant == CUDNN and m.q_tile_rows == AUTO:
         # cuDNN's own tile: a warpgroup's 64 rows (WG_ROWS), not FA3's kBlockM: cuDNN 9.19's sm90
         # fprop runs a producer and two consumer warpgroups (384 threads, Nsight's launch__block_size:
@@ -281,7 +327,7 @@ def _resolve(gpu, wl: Workload, m: Flash3Blocks, training: bool) -> tuple:
     return m, tuple(notes)
 
 
-def _q_tile_rows(m: Flash3Blocks, wl: Workload, unclipped: int, block_q: int) -> int:
+def _q_tile_rows(m: Flash3Blocks, unclipped: int, block_q: int) -> int:
     """The resolved q_tile_rows: the user's (a block computes at least that many rows, and its own),
     else the tile before the sequence clipped it (`unclipped`: the kernel's kBlockM, or the block_q
     the user gave)."""
@@ -296,21 +342,26 @@ def _registers(block_q: int) -> int:
     return REGISTERS_PER_SM // threads // 8 * 8
 
 
-def _fwd_step(wl: Workload, m: Flash3Blocks) -> int:
+def _pack(wl: Workload, pack) -> PackGQA:
+    """The forward's rows: the group's query heads packed (pack true) or not."""
+    return PackGQA(wl, wl.group_size if pack is True else 1)
+
+
+def _fwd_step(wl: Workload, m: Flash3Blocks, training: bool = False) -> int:
     """K/V tiles a fast-mode forward step covers at most (common.fwd_tiles_per_step: the longest
-    loop, in the launch's grid of batch-heads x query blocks)."""
-    return fwd_tiles_per_step(wl, m.block_q, m.block_kv, wl.groups * math.ceil(wl.seq_len_q / m.block_q))
+    loop, in the launch's grid of batch-heads x query blocks, packed or not)."""
+    pk = _pack(wl, m.pack_gqa and not training)
+    return fwd_tiles_per_step(wl, m.block_q, m.block_kv, pk.groups * pk.blocks(m.block_q))
 
 
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
-    if not training:
-        wl, data = kernel_workload(wl, m, data)
+    wl = forward_workload(wl, m, training)
     fp8 = _fp8(m)
-    _, _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8)
+    _, _, _, overlap = fa3_forward_tiles(wl.head_dim, wl.causal, fp8, _non_tma(wl, m) and not training)
     pv_is_rs = m.pv_in_registers
     tile_rows = 0 if m.q_tile_rows == AUTO else m.q_tile_rows     # (0: a mapping built unresolved)
     pingpong = fa3_pingpong(max(m.block_q, tile_rows), wl.head_dim, fp8, overlap)    # the kernel's warpgroups
-    fwd_step = _fwd_step(wl, m) if fast else 1
+    fwd_step = _fwd_step(wl, m, training) if fast else 1
     registers = _registers(max(m.block_q, tile_rows))
     # FA3's kernels compute whole tiles at the sequence's ends; cuDNN's tiles (64 x 128 a warpgroup)
     # are not FA3's: the real keys, and rows in warpgroups of 64 (q_tile_rows)
@@ -324,25 +375,25 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
                                pv_is_rs, instructions, m.lpt_order, tile_rows, whole)
     splits = 1 if m.num_splits == AUTO else m.num_splits       # (a mapping built unresolved: none)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
-                          registers, pv_is_rs, m.lpt_order, tile_rows, whole, splits)
+                          registers, pv_is_rs, m.lpt_order, tile_rows, whole, splits, _pack(wl, m.pack_gqa).ratio)
 
 
 def _io(wl: Workload, m: Flash3Blocks, pass_name: str) -> dict:
     if pass_name == "forward":
-        wk = kernel_workload(wl, m)[0]
+        pack = _pack(wl, m.pack_gqa).ratio
         if m.num_splits not in (1, AUTO):
-            return flash3_splitkv_io(wk, m.block_q, m.block_kv, m.num_splits, _fp8(m))
-        return flash3_forward_io(wk, m.block_q, m.block_kv, _fp8(m))
+            return flash3_splitkv_io(wl, m.block_q, m.block_kv, m.num_splits, _fp8(m), pack)
+        return flash3_forward_io(wl, m.block_q, m.block_kv, _fp8(m), pack)
     return flash3_backward_io(wl, m.block_q_bwd, m.block_kv_bwd)
 
 
-def flash3_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int, fp8: bool) -> dict:
-    """{tensor: (read, write)} of a split forward and FA3's combine on `wl` (the workload the
-    kernel sees): flash2_splitkv_io's, the same reads and writes (Q once a block, each split's K/V
+def flash3_splitkv_io(wl: Workload, block_q: int, block_kv: int, num_splits: int, fp8: bool, pack: int = 1) -> dict:
+    """{tensor: (read, write)} of a split forward and FA3's combine on `wl`, `pack` query heads packed
+    a tile (PackGQA): flash2_splitkv_io's, the same reads and writes (Q once a block, each split's K/V
     share, an fp32 partial O and lse a split, the combine reading them and writing O and lse), with
     Q, K, V in e4m3 for FP8, and every split's lse read once more by each further column block of
     the combine (kBlockK: flash3_combine.combine_tile)."""
-    io = dict(flash2_splitkv_io(wl, block_q, block_kv, num_splits))
+    io = dict(flash2_splitkv_io(wl, block_q, block_kv, num_splits, pack=pack))
     if fp8:                    # Q, K, V at 1 byte an element, not the workload's
         io.update({n: (io[n][0] // wl.itemsize, io[n][1]) for n in ("Q", "K", "V")})
     k_blocks = math.ceil(wl.head_dim / combine_tile(wl.head_dim)[1])
@@ -361,12 +412,12 @@ def _sram_bytes(wl: Workload, m: Flash3Blocks, training: bool) -> int:
 
 def _steps(wl: Workload, m: Flash3Blocks, training: bool, fast: bool = False) -> int:
     c = math.ceil
-    wl = wl if training else kernel_workload(wl, m)[0]
+    pk = _pack(wl, m.pack_gqa and not training)              # the forward's blocks, packed or not
     if not training and m.num_splits not in (1, AUTO):       # a split's share of the K/V tiles, and the combine
         per = c(c(wl.seq_len_kv / m.block_kv) / m.num_splits)
-        return wl.groups * c(wl.seq_len_q / m.block_q) * m.num_splits * per + combine_blocks(wl, wl.head_dim)
+        return pk.groups * pk.blocks(m.block_q) * m.num_splits * per + combine_blocks(wl, wl.head_dim)
     kv_tiles = c(wl.seq_len_kv / m.block_kv)
-    steps = wl.groups * c(wl.seq_len_q / m.block_q) * c(kv_tiles / (_fwd_step(wl, m) if fast else 1))
+    steps = pk.groups * pk.blocks(m.block_q) * c(kv_tiles / (_fwd_step(wl, m, training) if fast else 1))
     if training:
         q_tiles = c(wl.seq_len_q / m.block_q_bwd)
         q_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
@@ -390,4 +441,5 @@ SPEC = register(AlgorithmSpec(
     auto_fields=("block_q", "block_kv", "block_q_bwd", "block_kv_bwd", "stages", "q_tile_rows", "num_splits"),
     bool_fields=("pv_in_registers", "lpt_order", "pack_gqa"),
     variants=(FA3_KERNEL, FP8, CUDNN), match_fields=("block_q", "block_kv"), coarsens=True, needs_wgmma=True,
+    paged_kv=True,
     no_kernel_reason="this project has no FA3 kernel of its own (FA3 needs sm90: Dao-AILab/flash-attention hopper/)"))

@@ -28,6 +28,10 @@ Page sizes: FA2 (flash_api.cpp, v2.5 to v2.8.3 and main: mha_fwd_kvcache and mha
 checks `page_block_size % 256 == 0` ("Paged KV cache block size must be divisible by 256"); a
 page size of 16 is vLLM's fork (vllm-flash-attn), not upstream FA2. flash2 follows upstream.
 Training with a paged cache is refused: FA2 pages the KV cache of inference only.
+
+flash3 reads the same layout (FA3's page_table, hopper/paged_kv.h), with pages of any size and
+FA3's own choice of TMA or cp.async (flash3_spec.fa3_paged_tma); its table entries are counted as
+here, once per thread block.
 """
 from __future__ import annotations
 

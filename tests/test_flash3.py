@@ -133,12 +133,45 @@ def test_pack_gqa_packs_a_decode_steps_query_heads_by_fa3s_rule_by_hand():
     np.testing.assert_allclose(res.outputs["lse"].reshape(lse_ref.shape), lse_ref, rtol=0, atol=1e-12)
     unpacked = resolved(wl, pack_gqa=False)
     assert simulate(H100, SPEC.build(wl, unpacked, None, False)).kernels[0].grid == 16
-    with pytest.raises(HbmsimError, match="pack_gqa = true needs seq_len_q = 1"):
-        resolved(dataclasses.replace(wl, seq_len_q=16), pack_gqa=True)
+    with pytest.raises(HbmsimError, match="pack_gqa = true needs query heads sharing a K/V head"):
+        resolved(dataclasses.replace(wl, kv_heads=8), pack_gqa=True)
     with pytest.raises(HbmsimError, match="pack_gqa packs a forward's query heads"):
         resolved(wl, training=True, pack_gqa=True)
     assert resolved(wl, training=True).pack_gqa is False      # a training run: FA3's backward does not pack
     assert resolved(wl, variant="cudnn-sm90").pack_gqa is False      # cuDNN's rule is not FA3's
+
+
+def test_pack_gqa_of_many_query_rows_under_the_causal_mask_by_hand():
+    """PackGQA with 300 query rows (flash3_pack.py): 8 query heads on 2 K/V heads, N = 300, head dim 64,
+    causal (192 x 128 tiles). FA3's rule: 300 / 384 = 0.78 unpacked against 1200 / 1344 = 0.89
+    packed, 0.78 < 0.9 x 0.89: pack. 1,200 packed rows a K/V head, 7 blocks of 192; block i's last
+    query row is 48 (i + 1) - 1 (packed row r is query row r // 4), so it sees 48, 96, ..., 288,
+    300 keys: 1, 1, 2, 2, 2, 3, 3 tiles of 128 = 14, and reads 128 + 128 + 256 + 256 + 256 + 300 +
+    300 = 1,624 K rows (a tile's real keys) against 8 x (256 + 300) = 4,448 unpacked. O and lse
+    equal the float64 reference, and so do those of the same run in 2 splits (packed, as FA3 always
+    packs a split)."""
+    from hbmsim.algorithms.flash3_spec import fa3_pack_gqa
+    wl = Workload(1, 8, 300, 300, 64, dtype="bf16", causal=True, kv_heads=2)
+    assert fa3_pack_gqa(wl, 192) and not fa3_pack_gqa(dataclasses.replace(wl, seq_len_q=384, seq_len_kv=384), 192)
+    m = resolved(wl)
+    assert (m.pack_gqa, m.block_q, m.block_kv, m.num_splits) == (True, 192, 128, 1)
+    data = random_data(wl, seed=11)
+    o_ref, lse_ref = attention_forward(wl, data)
+    res = simulate(H100, SPEC.build(wl, m, data, False))
+    k = res.kernels[0]
+    assert k.grid == 2 * 7 and k.matmul_flops == 2 * 14 * 2 * 2 * 192 * 128 * 64
+    got = counted(res, "forward")
+    assert got == nonzero(SPEC.io(wl, m, "forward"))
+    assert got["K"] == (2 * 1624 * 64 * 2, 0) and got["Q"] == (8 * 300 * 64 * 2, 0)
+    assert got["O"] == (0, 8 * 300 * 64 * 2) and got["lse"] == (0, 8 * 300 * 4)
+    assert counted(simulate(H100, SPEC.build(wl, resolved(wl, pack_gqa=False), None, False)),
+                   "forward")["K"] == (8 * (256 + 300) * 64 * 2, 0)
+    for mapping in (m, resolved(wl, num_splits=2)):
+        res = simulate(H100, SPEC.build(wl, mapping, data, False))
+        assert mapping.pack_gqa is True
+        assert counted(res, "forward") == nonzero(SPEC.io(wl, mapping, "forward"))
+        assert np.max(np.abs(res.outputs["O"].reshape(o_ref.shape) - o_ref)) < 1e-12
+        np.testing.assert_allclose(res.outputs["lse"].reshape(lse_ref.shape), lse_ref, rtol=0, atol=1e-12)
 
 
 def test_split_kv_by_fa3s_rule_worked_by_hand():
