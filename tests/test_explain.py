@@ -255,9 +255,35 @@ def test_hopper_walkthrough_same_bytes_by_hand(capsys):
     assert 1 < at_scale < lone and lone == pytest.approx(t2 / t3, abs=0.01)
 
 
+def test_gqa_walkthrough_by_hand(capsys):
+    """`explain --gqa`: 4 query heads on 1 K/V head, 3 query rows against 8 keys (d 4, causal, H100).
+    FA3's rule: 3 / 192 = 0.0156 < 0.9 x 12 / 192 = 0.0563, so pack. Packed row r is query row r // 4
+    of head r % 4 and sees keys 0..q + 5. Unpacked, 4 blocks each read K and V (8 x 4 x 2 B = 64 B
+    each); packed, one block reads Q head by head (4 x 24 B) and K and V once: K 256 B against 64 B.
+    Each block computes the whole 192-row tile: 2 x 2 x 192 x 8 x 4 = 24,576 FLOPs a block."""
+    assert main(["explain", "--gqa"]) == 0
+    out = capsys.readouterr().out
+    assert "0.0156 < 0.9 x 0.0625 = 0.0563: pack" in out
+    assert "row  5: head 1, query row 1, keys 0..6" in out and "row 11: head 3, query row 2, keys 0..7" in out
+    packed = out.split("3b.")[1].split("4.")[0]
+    assert [line.split(": ", 1)[1] for line in packed.strip().splitlines()[1:]] == [
+        f"load  Q[{h}][0:3, 0:4] 24 B (HBM)" for h in range(4)] + [
+        "load  K[0][0:8, 0:4] 64 B (HBM)", "load  V[0][0:8, 0:4] 64 B (HBM)"]
+    rows = {m[1].strip(): (m[2], m[3]) for m in re.finditer(r"^  ([A-Za-z ()]+?)\s{2,}([\d,]+)\s+([\d,]+)$", out, re.M)}
+    assert rows["K read (B)"] == ("256", "64") and rows["Q read (B)"] == ("96", "96")
+    assert rows["matmul FLOPs"] == (f"{4 * 24_576:,}", f"{24_576:,}")
+    assert float(re.search(r"max \|difference\| ([\d.e+-]+)", out).group(1)) < 1e-12
+    # at scale: K and V read once a packed block, not once a query head (4x the L2-side bytes unpacked)
+    mb = [float(x) for x in re.findall(r"([\d.]+) MB read", out)]
+    assert mb[0] > 3.9 * mb[1] and mb[1] == pytest.approx(mb[2], rel=0.01)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--hopper", "--decode"], "explain: --hopper walks through its own example: drop --decode"),
     (["--hopper", "--hardware", "a100-sxm4-80gb"], "explain --hopper: a100-sxm4-80gb has no wgmma/TMA"),
+    (["--gqa", "--causal"], "explain: --gqa walks through its own example: drop --causal"),
+    (["--gqa", "--hopper"], "explain: --hopper walks through its own example: drop --gqa"),
+    (["--gqa", "--hardware", "a100-sxm4-80gb"], "explain --gqa: a100-sxm4-80gb has no wgmma/TMA"),
 ])
 def test_hopper_walkthrough_bad_input_is_one_line(capsys, args, message):
     assert main(["explain", *args]) == 2

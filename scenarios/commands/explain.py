@@ -29,23 +29,29 @@ def add_parser(sub) -> None:
     x.add_argument("--hopper", action="store_true",
                    help="FlashAttention-3 against FlashAttention-2 on an H100 instead: the same bytes, "
                    "the warp roles of one FA3 block and the pipes they keep busy (--hardware: a GPU with wgmma)")
-    x.add_argument("--hardware", help="preset or hardware TOML (default a100-sxm4-40gb; h100-sxm5-80gb with --hopper)")
+    x.add_argument("--gqa", action="store_true",
+                   help="FlashAttention-3's PackGQA instead: 4 query heads on 1 K/V head, a 3-token speculative step, "
+                   "packed into one tile and not (--hardware: a GPU with wgmma)")
+    x.add_argument("--hardware", help="preset or hardware TOML (default a100-sxm4-40gb; h100-sxm5-80gb with --hopper "
+                   "and --gqa)")
     x.set_defaults(func=cmd_explain)
 
 
 def cmd_explain(args) -> int:
     from .. import explain as X
-    if args.hopper:
+    if args.hopper or args.gqa:
+        from ..explain_gqa import explain_gqa
         from ..explain_hopper import HARDWARE, explain_hopper
+        flag = "--hopper" if args.hopper else "--gqa"
         given = [f for f, v in (("--inputs", args.inputs), ("--random", args.random), ("--decode", args.decode),
-                                ("--causal", args.causal)) if v]
+                                ("--causal", args.causal), ("--gqa", args.hopper and args.gqa)) if v]
         if given:
-            raise HbmsimError(f"explain: --hopper walks through its own example: drop {', '.join(given)}")
+            raise HbmsimError(f"explain: {flag} walks through its own example: drop {', '.join(given)}")
         gpu = resolve_hardware(args.hardware or HARDWARE)
         if not getattr(gpu, "has_wgmma", 0):
-            raise HbmsimError(f"explain --hopper: {gpu.name} has no wgmma/TMA (has_wgmma = 0): FlashAttention-3 "
+            raise HbmsimError(f"explain {flag}: {gpu.name} has no wgmma/TMA (has_wgmma = 0): FlashAttention-3 "
                               "needs a Hopper GPU such as h100-sxm5-80gb")
-        print(explain_hopper(gpu))
+        print(explain_hopper(gpu) if args.hopper else explain_gqa(gpu))
         return 0
     hardware = args.hardware or "a100-sxm4-40gb"
     opts = dict(scale=args.scale, causal=args.causal, block_q=args.block_q, block_kv=args.block_kv,
