@@ -263,6 +263,23 @@ def test_the_kernel_rules():
     assert (m.block_q, m.block_kv, m.block_q_bwd, m.block_kv_bwd, m.stages) == (128, 176, 80, 128, 2)
 
 
+def test_the_kernel_traits_table_in_programs_md_is_the_rules():
+    """docs/programs.md's table of flash3's tiles is what fa3_forward_tiles and fa3_backward_tiles say."""
+    from pathlib import Path
+
+    def f(d, c, fp8, p):
+        m, n, rs, ov = fa3_forward_tiles(d, c, fp8, p)
+        return f"{m} x {n}" + ("" if rs else ", P smem") + ("" if ov else ", no overlap")
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "programs.md").read_text()
+    for d in (64, 96, 128, 192, 256):
+        (bq, bk, _, wg), (bqc, bkc, _, wgc) = fa3_backward_tiles(d, False), fa3_backward_tiles(d, True)
+        row = (f"| {d} | {f(d, False, False, False)} | {f(d, True, False, False)} | {f(d, False, False, True)} | "
+               f"{f(d, False, True, False)} | {f(d, False, True, True)} | {bq} x {bk}, {wg} WG | "
+               f"{bqc} x {bkc}, {wgc} WG |")
+        assert row in doc, row
+
+
 def test_backward_gemm_layouts_are_the_sources():
     """The backward's traits (flash_bwd_launch_template.h, Arch >= 90): P and dS reach the dV and dK
     GEMMs from registers at head dims 64, 96 and 128 only (Mma_dKV_is_RS), dQ's GEMM never takes dS
