@@ -20,6 +20,9 @@ One thread block (CTA) per (batch-head, query block), its warps in roles that ru
   K-major), an SRAM read and write of each V tile.
 
 Under the causal mask, K/V blocks no row of the query block can see are skipped, as in FA2.
+For inference, PackGQA (flash3_pack.py: a K/V head's query heads as the rows of one tile) and a
+paged KV cache (paged.py: K/V tiles read page by page) change which rows a block holds and where
+its K/V tiles live, not the schedule; split-KV adds FA3's combine kernel (flash3_combine.py).
 Numerics: in data mode each warpgroup runs FA2's unnormalised online softmax in float64 over its
 rows (the FP8 rounding itself is not modelled: the values are those of exact arithmetic).
 """
