@@ -89,22 +89,26 @@ def num_splits_heuristic(batch_nheads_mblocks: int, num_sms: int, num_n_blocks: 
     """FA2's num_splits_heuristic (flash_api.cpp): 1 when the blocks almost fill the SMs (80%);
     else, over the eligible split counts (those that change the blocks per split), the smallest
     whose wave efficiency n_waves / ceil(n_waves) is at least 85% of the best. float32 as in C++."""
-    f32 = np.float32
     if batch_nheads_mblocks >= 0.8 * num_sms:
         return 1
     max_splits = min(max_splits, num_sms, num_n_blocks)
     cdiv = lambda a, b: (a + b - 1) // b
-    eligible = lambda s: s == 1 or cdiv(num_n_blocks, s) != cdiv(num_n_blocks, s - 1)
-    eff = {}
-    for s in range(1, max_splits + 1):
-        if eligible(s):
-            waves = f32(batch_nheads_mblocks * s) / f32(num_sms)
-            eff[s] = waves / f32(math.ceil(waves))
-    best = max(eff.values(), default=f32(0))
-    for s in range(1, max_splits + 1):
-        if s in eff and float(eff[s]) >= 0.85 * float(best):
-            return s
-    return 1
+    eligible = [s for s in range(1, max_splits + 1) if s == 1 or cdiv(num_n_blocks, s) != cdiv(num_n_blocks, s - 1)]
+    return fewest_splits(batch_nheads_mblocks, num_sms, eligible)
+
+
+def fewest_splits(blocks: int, num_sms: int, candidates: list) -> int:
+    """The wave-efficiency step of FA2's and FA3's num_splits_heuristic: over the candidate split
+    counts (ascending), each's n_waves = blocks x splits / SMs and efficiency n_waves / ceil(n_waves),
+    in float32 as the C++ computes them; the fewest whose efficiency is at least 0.85 of the best (1
+    if none)."""
+    f32 = np.float32
+    eff = []
+    for s in candidates:
+        waves = f32(blocks * s) / f32(num_sms)
+        eff.append(waves / f32(math.ceil(waves)))
+    best = float(max(eff, default=f32(0)))
+    return next((s for s, e in zip(candidates, eff) if float(e) >= 0.85 * best), 1)
 
 
 def auto_num_splits(wl_kernel: Workload, block_q: int, block_kv: int, sm_count: int) -> int:
@@ -296,14 +300,33 @@ def flash2_splitkv_forward(wl: Workload, block_q: int, block_kv: int, num_splits
 def combine_pieces(wl: Workload, index: int, cbm: int) -> list:
     """(batch-head, rows) pieces of the combine kernel's block `index`: rows index*cbm.. of the
     batch-heads' rows laid end to end."""
-    nq, total = wl.seq_len_q, wl.groups * wl.seq_len_q
-    f0, f1 = index * cbm, min(total, (index + 1) * cbm)
+    total = wl.groups * wl.seq_len_q
+    return flat_row_pieces(wl.seq_len_q, index * cbm, min(total, (index + 1) * cbm))
+
+
+def flat_row_pieces(nq: int, f0: int, f1: int) -> list:
+    """(batch-head, rows) pieces of rows [f0, f1) of the batch-heads' nq rows laid end to end."""
     out = []
     while f0 < f1:
         g, r = divmod(f0, nq)
         stop = min(nq, r + (f1 - f0))
         out.append((g, slice(r, stop)))
         f0 += stop - r
+    return out
+
+
+def combined_rows(pieces: list, lses: list, parts: list, num_splits: int, numeric: bool) -> list:
+    """Per piece (g, rows) of a combine block: (g, rows, O, lse (rows x 1), lse_s (splits x rows),
+    scales), from its loads split by split (lses[s x pieces + j], parts[s x pieces + j]) by
+    `combined`; Nones in count-only mode."""
+    out = []
+    for j, (g, r) in enumerate(pieces):
+        if not numeric:
+            out.append((g, r, None, None, None, None))
+            continue
+        ls = np.stack([lses[s * len(pieces) + j][:, 0] for s in range(num_splits)])     # (splits, rows)
+        o_tile, lse, sc = combined(ls, [parts[s * len(pieces) + j] for s in range(num_splits)])
+        out.append((g, r, o_tile, lse[:, None], ls, sc))
     return out
 
 
@@ -343,13 +366,10 @@ def combine_launch(wl: Workload, num_splits: int, O_acc, L_acc, O, LSE, numeric:
         if fixed:                        # the block's fixed instructions, a dependent chain
             yield from ctx.chain(fixed)
         stores = []
-        for j, (g, r) in enumerate(pieces):
-            o_tile = lse_tile = None
+        for g, r, o_tile, lse_tile, ls, sc in combined_rows(pieces, lses, parts, num_splits, numeric):
             if numeric:
-                ls = np.stack([lses[s * len(pieces) + j][:, 0] for s in range(num_splits)])     # (splits, rows)
-                o_tile, lse, sc = combined(ls, [parts[s * len(pieces) + j] for s in range(num_splits)])
-                lse_tile = lse[:, None]
-                ctx.note("combine", g=g, rows=(r.start, r.stop), lse_s=ls.T, lse=lse, scale=sc.T, O=o_tile)
+                ctx.note("combine", g=g, rows=(r.start, r.stop), lse_s=ls.T, lse=lse_tile[:, 0], scale=sc.T,
+                         O=o_tile)
             stores += [(O[g], r, slice(0, d), o_tile), (LSE[g], r, one, lse_tile)]
         yield from ctx.store_tiles(*stores)
 

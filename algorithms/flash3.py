@@ -212,7 +212,7 @@ def flash3_forward(wl: Workload, block_q: int, block_kv: int, data: AttentionDat
         O_acc = Tensor("O_accum", (num_splits * wl.groups, nq, d), STATS_DTYPE, count_only=data is None)
         L_acc = Tensor("lse_accum", (num_splits * wl.groups, nq, 1), STATS_DTYPE, count_only=data is None)
     e = Q.itemsize
-    tr = math.ceil(n_rows / block_q)
+    tr = pk.blocks(block_q)
     scale = wl.softmax_scale
     numeric = data is not None
     all_cols = slice(0, d)

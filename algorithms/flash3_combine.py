@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from hbmsim.simulator import Launch
 
-from .flash2_splitkv import combined
+from .flash2_splitkv import combined_rows, flat_row_pieces
 
 COMBINE_THREADS = 256      # kNThreads (run_flash_fwd_combine)
 COMBINE_STAGES = 4         # kStages (FlashAttnFwdCombine)
@@ -52,13 +51,8 @@ def fa3_combine_launch(wl, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool)
     def block(ctx, index):
         b, rest = divmod(index, m_blocks * k_blocks)
         kb, mb = divmod(rest, m_blocks)          # grid (m blocks, k blocks, batch): m fastest
-        f0, f1 = mb * block_m, min(nq * H, (mb + 1) * block_m)
-        pieces = []                              # (batch-head, rows) of the block's (head, row) pairs
-        while f0 < f1:
-            h, r = divmod(f0, nq)
-            stop = min(nq, r + (f1 - f0))
-            pieces.append((b * H + h, slice(r, stop)))
-            f0 += stop - r
+        # (batch-head, rows) of the block's (head, row) pairs: rows of batch b's heads laid end to end
+        pieces = flat_row_pieces(nq, b * H * nq + mb * block_m, b * H * nq + min(nq * H, (mb + 1) * block_m))
         rows_n = sum(r.stop - r.start for _, r in pieces)
         cols = slice(kb * block_k, min(d, (kb + 1) * block_k))
         nk = cols.stop - cols.start
@@ -77,12 +71,7 @@ def fa3_combine_launch(wl, num_splits: int, O_acc, L_acc, O, LSE, numeric: bool)
             parts += yield from ctx.wait(o_loads[s])
             yield from ctx.compute(vector_flops=2 * rows_n * nk)      # O += scale_s O_s: a multiply-add
         stores = []
-        for j, (g, r) in enumerate(pieces):
-            o_tile = lse_tile = None
-            if numeric:
-                ls = np.stack([lses[s * len(pieces) + j][:, 0] for s in range(num_splits)])     # (splits, rows)
-                o_tile, lse, _ = combined(ls, [parts[s * len(pieces) + j] for s in range(num_splits)])
-                lse_tile = lse[:, None]
+        for g, r, o_tile, lse_tile, _, _ in combined_rows(pieces, lses, parts, num_splits, numeric):
             stores.append((O[g], r, cols, o_tile))
             if kb == 0:                          # the column block 0 writes lse
                 stores.append((LSE[g], r, one, lse_tile))

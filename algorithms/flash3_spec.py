@@ -24,7 +24,7 @@ from hbmsim.simulator import HbmsimError, Program
 
 from .blocks import AUTO
 from .common import bwd_tiles_per_step, fwd_tiles_per_step
-from .flash2_splitkv import flash2_splitkv_io
+from .flash2_splitkv import fewest_splits, flash2_splitkv_io
 from .flash3 import WG_ROWS, flash3_forward, flash3_sram_bytes
 from .flash3_combine import combine_blocks, combine_tile
 from .flash3_pack import PackGQA
@@ -190,13 +190,7 @@ def fa3_num_splits(wl: Workload, block_q: int, block_kv: int, sm_count: int, fp8
         return 1
     if num_n_blocks <= 4:
         return 1
-    max_splits = min(FA3_MAX_SPLITS, sm_count, num_n_blocks)
-    eff = []
-    for n in range(1, max_splits + 1):
-        waves = total_mblocks * n / sm_count      # (float in the C++; the ratio here is exact enough)
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    return next((n for n in range(1, max_splits + 1) if eff[n - 1] >= 0.85 * best), 1)
+    return fewest_splits(total_mblocks, sm_count, list(range(1, min(FA3_MAX_SPLITS, sm_count, num_n_blocks) + 1)))
 
 
 def _resolve_splits(gpu, wl: Workload, m: Flash3Blocks, training: bool, block_q: int, block_kv: int,
