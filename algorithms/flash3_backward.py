@@ -135,20 +135,21 @@ def flash3_training(wl: Workload, block_q: int, block_kv: int, data: AttentionDa
                     stages: int, intra_wg_overlap: bool, pingpong: bool, stages_do: int, warpgroups: int,
                     tiles_per_step: tuple = (1, 1), registers_per_thread: int = 0, pv_is_rs: bool = True,
                     instructions_per_score: float = 0.0, lpt: bool = False, tile_rows: int = 0,
-                    whole_tiles: bool = True) -> Program:
+                    whole_tiles: bool = True, sdp_passes: int = 1) -> Program:
     """flash3's forward, then its backward with bwd_blocks (block_q, block_kv), `lpt`: both in FA3's
-    causal tile order; `instructions_per_score` as flash3_backward's; `tile_rows` as flash3_forward's;
-    `whole_tiles`: the forward's whole_kv and the backward's whole_tiles."""
+    causal tile order; `instructions_per_score` and `sdp_passes` as flash3_backward's; `tile_rows` as
+    flash3_forward's; `whole_tiles`: the forward's whole_kv and the backward's whole_tiles."""
     fwd = flash3_forward(wl, block_q, block_kv, data, stages, intra_wg_overlap, pingpong, False, tiles_per_step[0],
                          registers_per_thread, pv_is_rs, lpt, tile_rows, whole_tiles)
     bwd, grads = flash3_backward(wl, fwd, *bwd_blocks, data, stages_do, warpgroups, tiles_per_step[1],
-                                 instructions_per_score, lpt, whole_tiles)
+                                 instructions_per_score, lpt, whole_tiles, sdp_passes)
     return Program("flash3_training", list(fwd.launches) + bwd, inputs=fwd.inputs, outputs={**fwd.outputs, **grads})
 
 
 def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, data: AttentionData | None,
                     stages_do: int = 2, warpgroups: int = 2, q_step: int = 1,
-                    instructions_per_score: float = 0.0, lpt: bool = False, whole_tiles: bool = True) -> tuple:
+                    instructions_per_score: float = 0.0, lpt: bool = False, whole_tiles: bool = True,
+                    sdp_passes: int = 1) -> tuple:
     """The backward's launches after `fwd` and its gradients {dQ, dK, dV}. `whole_tiles`: every step
     computes whole block_q x block_kv tiles, a last block's rows and keys past the sequence too
     (zero-filled by TMA; FA3's wgmma and softmax have no bound on them); false: the real ones. `lpt`: the main kernel's
@@ -157,7 +158,9 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
     counted operations): the main kernel's warp instructions a score, all issued in the step's
     softmax phase, the warpgroups being off the tensor pipe there (the PdS barrier), at the warp
     schedulers' rate (Launch.vector_work "instructions": the vector count is instructions x 32
-    lanes, as PyTorch's counted kernels')."""
+    lanes, as PyTorch's counted kernels'). `sdp_passes`: how many times a step computes S = Q K^T and
+    dP = dO V^T (1: FA3's; 2: a kernel that recomputes them, as Nsight's tensor-op count says cuDNN's
+    head-dim-256 backward does: flash3_spec.CUDNN_BWD_SDP_PASSES)."""
     fa2, grads = flash2_backward(wl, fwd, block_q, block_kv, data, warps=8, q_step=q_step, batch_first=False)
     pre, fa2_main, convert, *sums = fa2
     dO, D, dQacc = pre.allocs
@@ -186,9 +189,10 @@ def flash3_backward(wl: Workload, fwd: Program, block_q: int, block_kv: int, dat
         p_ops = round(32 * instructions_per_score * n * nc) if instructions_per_score else \
             bwd_vector_flops(wl, n, nc) - ds_ops
         return (
-            # S = Q K^T and dP = dO V^T (4 n nc d FLOPs), their operands read from shared memory by
-            # each wgmma (bwd_gemm_operand_bytes)
-            dict(matmul_flops=4 * n * nc * d // warpgroups, sram_bytes=round(sdp_bytes / warpgroups)),
+            # S = Q K^T and dP = dO V^T (4 n nc d FLOPs, sdp_passes times), their operands read from
+            # shared memory by each wgmma (bwd_gemm_operand_bytes)
+            dict(matmul_flops=sdp_passes * 4 * n * nc * d // warpgroups,
+                 sram_bytes=round(sdp_passes * sdp_bytes / warpgroups)),
             # P = exp2(S scale - lse) (its share of the rows): P's vector work and every exp
             dict(vector_flops=p_ops // warpgroups, exp_ops=n * nc // warpgroups),
             # dS = P o (dP - D) on the FP32 lanes after the exps, then the stored tiles (e bytes a score

@@ -39,11 +39,20 @@ FA3_KERNEL, FP8, CUDNN = "fa3-kernel", "fp8", "cudnn-sm90"
 # backward main kernel's warp instructions a score, all issued while its lock-stepped warpgroups are
 # off the tensor pipe (the backward's step: flash3_backward.py). Nsight Compute 2025.3.1 on the
 # kernel cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_* at N = 4096, batch-heads
-# 128 and 64: smsp__inst_executed.sum / (batch-heads x N^2), the same on an H100 and an H200
-# (scenarios/measured/h100-ncu-pipes.json, h200-ncu-pipes.json); there the kernel's cycles off the
-# tensor pipe, 0.154 and 0.168 a score, are 93% and 103% of these instructions at 4 an SM-clock.
+# 128, 64 and 32 (head dims 64, 128, 256): smsp__inst_executed.sum / (batch-heads x N^2), the same on
+# an H100 and an H200 at 64 and 128 (scenarios/measured/h100-ncu-pipes.json, h200-ncu-pipes.json),
+# 256 on an H200 (h200-ncu-cudnn-bwd.json, 2026-11-27); there the kernel's cycles off the tensor pipe,
+# 0.154, 0.168 and 0.383 a score, are 93%, 103% and 87% of these instructions at 4 an SM-clock.
+# The count is the kernel's, not the length's or the mask's: at N = 1024 (head dim 64) 0.5830 a
+# score (+1.8%), under a causal mask 0.5580 a computed score (-2.6%; h200-ncu-cudnn-bwd.json).
 # Other head dims were not measured: FA3's FP32 counting.
-CUDNN_BWD_INSTRUCTIONS_PER_SCORE = {64: 0.5727, 128: 0.6959}
+CUDNN_BWD_INSTRUCTIONS_PER_SCORE = {64: 0.5727, 128: 0.6959, 256: 1.7538}
+# How many times cuDNN's sm90 backward computes S = Q K^T and dP = dO V^T a step, from the same Nsight
+# runs: its tensor ops (sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum) are 10 N^2 d a
+# batch-head at head dims 64 and 128, the five GEMMs of FA3's step (4 for S and dP, 2 for dV, 4 for
+# dK and dQ), and 14 N^2 d at 256 (knob 64x64x256): S and dP twice, the tensor pipe busy 0.907
+# SM-cycles a score, 14 x 256 / 4096 FLOPs a cycle = 0.875 (h200-ncu-cudnn-bwd.json)
+CUDNN_BWD_SDP_PASSES = {256: 2}
 FA3_STAGES = 2               # kStages on sm90 (flash_fwd_launch_template.h line 47)
 MAX_HEAD_DIM = 256           # the largest head dim FA3's sm90 kernels are built for
 REGISTERS_PER_SM = 65_536    # with MinBlocksPerMultiprocessor = 1 the compiler may give a thread this / threads
@@ -364,9 +373,10 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
         instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else 0.0
+        sdp_passes = CUDNN_BWD_SDP_PASSES.get(wl.head_dim, 1) if m.variant == CUDNN else 1
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), registers,
-                               pv_is_rs, instructions, m.lpt_order, tile_rows, whole)
+                               pv_is_rs, instructions, m.lpt_order, tile_rows, whole, sdp_passes)
     splits = 1 if m.num_splits == AUTO else m.num_splits       # (a mapping built unresolved: none)
     return flash3_forward(wl, m.block_q, m.block_kv, data, m.stages, overlap, pingpong, fp8, fwd_step,
                           registers, pv_is_rs, m.lpt_order, tile_rows, whole, splits, _pack(wl, m.pack_gqa).ratio)

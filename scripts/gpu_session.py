@@ -79,6 +79,8 @@ def _ncu_decode(batch: int, kv_len: int) -> tuple:
 
 
 DECODE_NCU = ((1, 1024), (1, 16384), (8, 16384))
+SHORT_CAUSAL = ((64, 128), (64, 256), (64, 512), (128, 128))     # (head dim, N) of ncu-short-causal
+LONG_CAUSAL = ((64, 1024), (64, 4096), (128, 4096))              # and of ncu-causal-long
 
 
 def _summarise(csvs: tuple, out: str) -> tuple:
@@ -191,6 +193,48 @@ STEPS = (
          "costs, which the long runs (about 530 fixed + 1,676 a step a warp at head dim 64) cannot separate; "
          "these runs are predicted 20-31% fast at kernel level since lock-step is gone, as short decodes are",
          (("{gpu}-ncu-short.json", "scenarios/measured/{gpu}-ncu-short.json"),)),
+    Step("ncu-short-causal", 240, (
+        *(_ncu_run(f"ncu-fa2-{d}-{n}-causal-forward.csv", "--ncu", "fa2", str(d), str(n), "true", "forward")
+          for d, n in SHORT_CAUSAL),
+        _ncu("fa2", 64, seq_len=512),
+        _summarise((*(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in SHORT_CAUSAL), "ncu-fa2-64-512-forward.csv"),
+                   "{out}/{gpu}-ncu-short-causal.json")),
+         "issue 23: FA2's causal forward at N = 128-512 under Nsight Compute beside the unmasked runs of "
+         "ncu-short (and N = 512 unmasked here): the kernel level's worst FA2 forwards (-22..-38%) are these; "
+         "the long causal run's count gives a masked step 251.9 more warp instructions, which moved them "
+         "only 1-3.5 points: how much of the rest is the short block's own (fixed instructions, stalls) and "
+         "how much the mask's at short N",
+         (("{gpu}-ncu-short-causal.json", "scenarios/measured/{gpu}-ncu-short-causal.json"),)),
+    Step("ncu-causal-long", 180, (
+        *(_ncu_run(f"ncu-fa2-{d}-{n}-causal-forward.csv", "--ncu", "fa2", str(d), str(n), "true", "forward")
+          for d, n in LONG_CAUSAL),
+        _summarise(tuple(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in LONG_CAUSAL),
+                   "{out}/{gpu}-ncu-causal-long.json"),
+        # the causal N = 256 kernel's SASS with each instruction's stall samples: the two copies of the
+        # step, their sizes (addresses) and where the instruction-fetch waits fall
+        ("ncu", "--csv", "--page", "source", "--print-source", "sass", "--section", "SourceCounters",
+         "--section", "WarpStateStats", "--profile-from-start", "off", "--log-file",
+         "{out}/ncu-fa2-64-256-causal-sass.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "fa2", "64", "256",
+         "true", "forward")),
+         "issue 23: FA2's causal forward at N = 1024 and 4096 under Nsight Compute's full set (stall reasons): "
+         "at N = 256 and 512 its warps wait on instruction fetch (no_instruction 1.31-1.41 warp-cycles an "
+         "issued instruction, 0.09-0.23 unmasked and at one step, h200-ncu-short-causal.json) while its blocks "
+         "run both copies of the step (the masking steps' and the rest's): does that wait last at longer N, "
+         "where a block runs its masking steps once among many (the long causal runs are predicted within 5%)?",
+         (("{gpu}-ncu-causal-long.json", "scenarios/measured/{gpu}-ncu-causal-long.json"),)),
+    Step("icache", 150, (
+        (PY, "-m", "hbmsim.kernels.icache", "--out", "{out}/{gpu}-icache.json"),
+        *(("ncu", "--csv", "--page", "source", "--print-source", "sass", "--section", "SourceCounters",
+           "--section", "WarpStateStats", "--profile-from-start", "off", "--log-file",
+           f"{{out}}/ncu-fa2-{d}-256-{'causal' if causal else 'full'}-sass.csv", PY, "-m", "hbmsim.kernels.library",
+           "--ncu", "fa2", str(d), "256", "true" if causal else "false", "forward")
+          for d, causal in ((64, False), (128, True), (128, False)))),
+         "issue 23: the SM's instruction-cache capacity (kernels/icache.py: a scheduler's cycles an FFMA over "
+         "straight-line bodies of 4-256 KiB, 1-4 warps a scheduler) and the SASS of FA2's forward kernels "
+         "(ncu's source page: each instruction's address, count and stall samples) unmasked at head dim 64 "
+         "and with and without the mask at 128, beside the causal head-dim-64 kernel's (72 KB, "
+         "ncu-causal-long): whether a causal kernel's two copies of the step outgrow the cache",
+         (("{gpu}-icache.json", "scenarios/measured/{gpu}-icache.json"),)),
     Step("latency", 120, ((PY, "-m", "hbmsim.kernels.microbench", "--latency", "--out", "{out}/{gpu}-latency.json"),),
          "issue 23: an L2 hit's and a DRAM access's load-to-use latency on this GPU (pointer_chase): what each of "
          "the split-KV combine kernel's dependent split loads waits (Nsight: ~0.21 us a split at base and boost "

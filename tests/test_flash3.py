@@ -692,11 +692,28 @@ def test_cudnn_variant_issues_its_measured_instructions_in_the_softmax_phase():
     assert softmax > softmax_fa3
 
 
+def test_cudnn_head_dim_256_computes_s_and_dp_twice():
+    """cuDNN's head-dim-256 backward: Nsight's tensor ops are 14 N^2 d a batch-head (S and dP twice,
+    CUDNN_BWD_SDP_PASSES), so the cudnn-sm90 main kernel's matmul FLOPs are 14 N^2 d (10, the five
+    GEMMs', at head dim 128); the bytes to and from memory are fa3-kernel's, tensor by tensor.
+    N = 128, one batch-head (cuDNN computes its real rows and keys: no whole tiles)."""
+    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_SDP_PASSES
+    n = 128
+    assert CUDNN_BWD_SDP_PASSES == {256: 2}
+    for d, gemm_per_score_d in ((256, 14), (128, 10)):
+        wl = Workload(1, 1, n, n, d, dtype="fp16")
+        cudnn = simulate(H100, SPEC.build(wl, resolved(wl, training=True, variant="cudnn-sm90"), None, True))
+        fa3 = simulate(H100, SPEC.build(wl, resolved(wl, training=True), None, True))
+        main = next(k for k in cudnn.kernels if k.name == "flash3_bwd")
+        assert main.matmul_flops == gemm_per_score_d * n * n * d
+        assert counted(cudnn, "backward") == counted(fa3, "backward")
+
+
 def test_cudnn_variant_says_where_it_has_no_count():
-    """Head dims Nsight did not count (256) keep FA3's counting, and the run says so in a note."""
-    wl = Workload(1, 8, 1024, 1024, 256, dtype="fp16")
+    """Head dims Nsight did not count (192) keep FA3's counting, and the run says so in a note."""
+    wl = Workload(1, 8, 1024, 1024, 192, dtype="fp16")
     m, notes = SPEC.resolved(H100, wl, SPEC.mapping_type(variant="cudnn-sm90"), True)
-    assert notes == ("variant cudnn-sm90: head_dim = 256 has no measured instruction count (measured: 64, 128); "
+    assert notes == ("variant cudnn-sm90: head_dim = 192 has no measured instruction count (measured: 64, 128, 256); "
                      "its backward counts FA3's operations",)
     assert SPEC.describe(m).endswith(" cudnn")
     assert SPEC.resolved(H100, Workload(1, 8, 1024, 1024, 128, dtype="fp16"), m, True)[1] == ()
@@ -725,3 +742,33 @@ def test_cudnn_instruction_counts_are_nsights(gpu):
         cycles = k["gpu__time_duration.sum"] * 1e-9 * k["sm__cycles_elapsed.avg.per_second"] * 132     # SM-cycles
         off = cycles / scores * (1 - k["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"] / 100)
         assert per_score / 4 / off == pytest.approx(off_tensor, abs=0.01)
+
+
+def test_cudnn_instruction_count_at_head_dim_256_and_what_does_not_move_it():
+    """Head dim 256's count off the 2026-11-27 H200 Nsight file (batch 4 x 8 heads, N = 4096: 32
+    batch-heads), and the same kernel family's count at head dim 64 at N = 1024 (512 batch-heads) and
+    under a causal mask (N = 4096, 128 batch-heads, the tiles on and below the diagonal: the hgmma
+    FLOPs say 66 of the 128 heads' full N^2, 1/2 + 64/4096) within 3% of the N = 4096 unmasked
+    0.5727: a count a score, not a length's or a mask's. At 256 the hgmma counter reads 14 N^2 d a
+    head where the five GEMMs are 10 (its tensor pipe is busy for 10 N^2 d at 4096 FLOPs a cycle:
+    0.648 against 0.625 SM-cycles a score), so the batch-heads come from the workload there."""
+    import json
+
+    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_INSTRUCTIONS_PER_SCORE
+    from hbmsim.scenarios.published import MEASURED_DIR
+    doc = json.loads((MEASURED_DIR / "h200-ncu-cudnn-bwd.json").read_text())
+    assert doc["source"] == "measured" and doc["provenance"]["gpu"] == ["NVIDIA H200"]
+
+    def main_kernel(file):
+        run = next(r for r in doc["runs"] if r["file"] == file)
+        return next(k for k in run["kernels"] if "bprop" in k["name"])
+    k = main_kernel("ncu-cudnn-256-4096-backward.csv")
+    n, d, batch_heads = 4096, 256, 4 * 8
+    assert k["sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum"] == 14 * n * n * d * batch_heads
+    assert round(k["smsp__inst_executed.sum"] / (batch_heads * n * n), 4) == CUDNN_BWD_INSTRUCTIONS_PER_SCORE[256]
+    for file, n, computed_heads, per_score in (("ncu-cudnn-64-1024-backward.csv", 1024, 512, 0.5830),
+                                               ("ncu-cudnn-64-4096-causal-backward.csv", 4096, 66, 0.5580)):
+        k = main_kernel(file)
+        assert k["sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum"] == 10 * n * n * 64 * computed_heads
+        assert round(k["smsp__inst_executed.sum"] / (computed_heads * n * n), 4) == per_score
+        assert per_score / CUDNN_BWD_INSTRUCTIONS_PER_SCORE[64] == pytest.approx(1, abs=0.03)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hbmsim.kernels import library, microbench, store_retention
+from hbmsim.kernels import icache, library, microbench, store_retention
 from hbmsim.scenarios.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +38,8 @@ def test_every_command_parses_against_todays_cli(step):
             assert all(i in library.IMPLEMENTATIONS for i in args.impl or ())
         elif module == "hbmsim.kernels.microbench":
             microbench.parser().parse_args(rest)
+        elif module == "hbmsim.kernels.icache":
+            icache.parser().parse_args(rest)
         elif module == "hbmsim.kernels.store_retention":
             store_retention.parser().parse_args(rest)
             if argv[0] == "ncu":                         # the metrics the summary reads

@@ -1,0 +1,134 @@
+"""How much code an SM runs from its instruction caches at full speed: a microbenchmark.
+
+Why: FA2's causal forward at N = 256-1024 runs 14-26% longer than the model predicts where the
+same lengths without a mask are within 3-9% (Nsight, h200-ncu-short-causal.json), and in those runs
+its warps wait on instruction fetch (Nsight's no_instruction stall: 1.31-1.41 warp-cycles an
+issued instruction, 0.05-0.23 elsewhere). Its kernel is 72 KB of SASS, two copies of the step among
+it (the masking steps' 22 KB and the rest's 27 KB: ncu's source page). Whether code of that size
+runs from the SM's instruction caches is a property of the GPU that no datasheet gives; this
+measures it.
+
+Each kernel `icache_<K>KiB` loops over a straight-line body of K KiB of SASS: K x 1024 / 16
+independent FFMAs (16 bytes each on sm70 and later; eight accumulators, so a warp never waits on
+its own last result), FFMA_CHAINS chains of distinct constants that ptxas cannot fold, the loop
+not unrolled (its body is the only code that runs; nvcc 13.0 for sm_90 makes the kernel's .text the
+body and 896 bytes of set-up, loop and store, by readelf on the cubin). One block an
+SM of 1, 2 or 4 warps a scheduler runs the body ITERATIONS_OF(K) times; clock64 at the block's
+start and end gives its cycles, and cycles / (instructions a warp x warps a scheduler) the cycles a
+scheduler takes an instruction: 1 while the body runs from the caches at the issue rate, more once
+each pass fetches its instructions from further away. The size at which it rises is the capacity.
+
+    python -m hbmsim.kernels.icache --out GPU-icache.json     (on a GPU with CuPy)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+SIZES_KIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+FFMA_BYTES = 16                    # one SASS instruction on sm70 and later (Volta onwards: 128-bit encodings)
+FFMA_CHAINS = 8                    # independent accumulators: a warp's next FFMA never waits on its last
+WARPS_PER_SCHEDULER = (1, 2, 4)    # 4, 8, 16 warps a block, one block an SM
+SCHEDULERS = 4                     # warp schedulers an SM (H100 whitepaper, SM diagram: four partitions)
+INSTRUCTIONS_PER_WARP = 1 << 21    # about 2 M FFMAs a warp a launch (~1 ms at one a cycle)
+
+_KERNEL = r"""
+extern "C" __global__ void {name}(float* out, long long* cycles, float a, int iterations) {{
+    float x0 = threadIdx.x, x1 = x0 + 1.f, x2 = x0 + 2.f, x3 = x0 + 3.f,
+          x4 = x0 + 4.f, x5 = x0 + 5.f, x6 = x0 + 6.f, x7 = x0 + 7.f;
+    __syncthreads();
+    long long start = clock64();
+    #pragma unroll 1
+    for (int it = 0; it < iterations; ++it) {{
+{body}
+    }}
+    __syncthreads();
+    long long end = clock64();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
+}}
+"""
+
+
+def kernel_name(kib: int) -> str:
+    return f"icache_{kib}KiB"
+
+
+def ffmas(kib: int) -> int:
+    """The body's FFMAs: its KiB of SASS at 16 bytes an instruction."""
+    return kib * 1024 // FFMA_BYTES
+
+
+def iterations(kib: int) -> int:
+    """Passes over the body: about INSTRUCTIONS_PER_WARP FFMAs a warp whatever the size."""
+    return max(1, INSTRUCTIONS_PER_WARP // ffmas(kib))
+
+
+def body(kib: int) -> str:
+    """x_c = fmaf(x_c, a, constant) in turn over the FFMA_CHAINS accumulators, each constant its own
+    (a runtime multiplier and distinct addends: nothing to fold or hoist), ffmas(kib) statements."""
+    return "\n".join(f"        x{i % FFMA_CHAINS} = fmaf(x{i % FFMA_CHAINS}, a, {1 + i}e-7f);"
+                     for i in range(ffmas(kib)))
+
+
+def source(sizes_kib=SIZES_KIB) -> str:
+    return "".join(_KERNEL.format(name=kernel_name(k), body=body(k)) for k in sizes_kib)
+
+
+def cycles_per_instruction(block_cycles: list, kib: int, warps_per_scheduler: int) -> float:
+    """A scheduler's cycles an issued instruction: the blocks' median cycles over the instructions
+    each scheduler issues (the body's FFMAs x passes x its warps; the loop's own few not counted)."""
+    return statistics.median(block_cycles) / (ffmas(kib) * iterations(kib) * warps_per_scheduler)
+
+
+def measure(sizes_kib=SIZES_KIB, repeats: int = 3) -> list[dict]:
+    import cupy as cp
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    rows = []
+    for kib in sizes_kib:                     # a module a size: each compiled (seconds) just before it runs
+        fn = cp.RawModule(code=source((kib,))).get_function(kernel_name(kib))
+        for wps in WARPS_PER_SCHEDULER:
+            threads = 32 * SCHEDULERS * wps
+            out = cp.zeros(sms * threads, dtype=cp.float32)
+            cycles = cp.zeros(sms, dtype=cp.int64)
+            args = (out, cycles, cp.float32(0.9999), cp.int32(iterations(kib)))
+            fn((sms,), (threads,), args)                      # warm: the module loaded, the clocks up
+            runs = []
+            for _ in range(repeats):
+                fn((sms,), (threads,), args)
+                cp.cuda.runtime.deviceSynchronize()
+                runs.append(cycles_per_instruction(cycles.get().tolist(), kib, wps))
+            rows.append({"kernel": kernel_name(kib), "code_kib": kib, "ffmas": ffmas(kib),
+                         "iterations": iterations(kib), "warps_per_scheduler": wps,
+                         "cycles_per_instruction": statistics.median(runs), "repeats": runs})
+            print(f"{kib:4d} KiB, {wps} warps a scheduler: {rows[-1]['cycles_per_instruction']:.3f} cycles "
+                  "an instruction", flush=True)
+    return rows
+
+
+def parser():
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m hbmsim.kernels.icache", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="the measured file to write")
+    p.add_argument("--repeats", type=int, default=3)
+    return p
+
+
+def main(argv=None) -> int:
+    from .profile import gpu_provenance
+    a = parser().parse_args(argv)
+    command = ["python", "-m", "hbmsim.kernels.icache", "--out", a.out, "--repeats", str(a.repeats)]
+    prov = gpu_provenance(command, 1, a.repeats, None)
+    prov["timing"] = {"method": "clock64 at each block's start and end (after a __syncthreads), one block an SM; "
+                                "cycles an instruction = the blocks' median cycles / (FFMAs a warp x warps a "
+                                "scheduler); the median of the repeats", "warmup": 1, "repeats": a.repeats}
+    doc = {"source": "measured", "what": "instruction-cache capacity microbenchmark (kernels/icache.py): a "
+                                         "scheduler's cycles an FFMA over straight-line bodies of 4-256 KiB",
+           "provenance": prov, "results": measure(repeats=a.repeats)}
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
