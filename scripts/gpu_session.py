@@ -70,6 +70,21 @@ def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_na
                     "false", pass_name, "--tiles-per-sm", str(tiles))
 
 
+def _ncu_causal(head_dim: int, seq_len: int) -> tuple:
+    """One warmed causal forward of FA2 into {out}/ncu-fa2-D-N-causal-forward.csv."""
+    return _ncu_run(f"ncu-fa2-{head_dim}-{seq_len}-causal-forward.csv", "--ncu", "fa2", str(head_dim), str(seq_len),
+                    "true", "forward")
+
+
+def _ncu_sass(head_dim: int, causal: bool, seq_len: int = 256) -> tuple:
+    """FA2's forward under Nsight's source page (its SASS, each instruction's address, executions and
+    stall samples: scripts/sass_regions.py) into {out}/ncu-fa2-D-N-{causal,full}-sass.csv."""
+    return ("ncu", "--csv", "--page", "source", "--print-source", "sass", "--section", "SourceCounters",
+            "--section", "WarpStateStats", "--profile-from-start", "off", "--log-file",
+            f"{{out}}/ncu-fa2-{head_dim}-{seq_len}-{'causal' if causal else 'full'}-sass.csv", PY, "-m",
+            "hbmsim.kernels.library", "--ncu", "fa2", str(head_dim), str(seq_len), str(causal).lower(), "forward")
+
+
 def _ncu_decode(batch: int, kv_len: int) -> tuple:
     """One decode call (library --ncu-decode) under Nsight Compute into {out}/ncu-decode-bB-N.csv, the
     L2 left as the kernels leave it (--cache-control none: the combine kernel reads the partial outputs
@@ -194,8 +209,7 @@ STEPS = (
          "these runs are predicted 20-31% fast at kernel level since lock-step is gone, as short decodes are",
          (("{gpu}-ncu-short.json", "scenarios/measured/{gpu}-ncu-short.json"),)),
     Step("ncu-short-causal", 240, (
-        *(_ncu_run(f"ncu-fa2-{d}-{n}-causal-forward.csv", "--ncu", "fa2", str(d), str(n), "true", "forward")
-          for d, n in SHORT_CAUSAL),
+        *(_ncu_causal(d, n) for d, n in SHORT_CAUSAL),
         _ncu("fa2", 64, seq_len=512),
         _summarise((*(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in SHORT_CAUSAL), "ncu-fa2-64-512-forward.csv"),
                    "{out}/{gpu}-ncu-short-causal.json")),
@@ -206,16 +220,12 @@ STEPS = (
          "how much the mask's at short N",
          (("{gpu}-ncu-short-causal.json", "scenarios/measured/{gpu}-ncu-short-causal.json"),)),
     Step("ncu-causal-long", 180, (
-        *(_ncu_run(f"ncu-fa2-{d}-{n}-causal-forward.csv", "--ncu", "fa2", str(d), str(n), "true", "forward")
-          for d, n in LONG_CAUSAL),
+        *(_ncu_causal(d, n) for d, n in LONG_CAUSAL),
         _summarise(tuple(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in LONG_CAUSAL),
                    "{out}/{gpu}-ncu-causal-long.json"),
         # the causal N = 256 kernel's SASS with each instruction's stall samples: the two copies of the
         # step, their sizes (addresses) and where the instruction-fetch waits fall
-        ("ncu", "--csv", "--page", "source", "--print-source", "sass", "--section", "SourceCounters",
-         "--section", "WarpStateStats", "--profile-from-start", "off", "--log-file",
-         "{out}/ncu-fa2-64-256-causal-sass.csv", PY, "-m", "hbmsim.kernels.library", "--ncu", "fa2", "64", "256",
-         "true", "forward")),
+        _ncu_sass(64, True)),
          "issue 23: FA2's causal forward at N = 1024 and 4096 under Nsight Compute's full set (stall reasons): "
          "at N = 256 and 512 its warps wait on instruction fetch (no_instruction 1.31-1.41 warp-cycles an "
          "issued instruction, 0.09-0.23 unmasked and at one step, h200-ncu-short-causal.json) while its blocks "
@@ -224,11 +234,7 @@ STEPS = (
          (("{gpu}-ncu-causal-long.json", "scenarios/measured/{gpu}-ncu-causal-long.json"),)),
     Step("icache", 150, (
         (PY, "-m", "hbmsim.kernels.icache", "--out", "{out}/{gpu}-icache.json"),
-        *(("ncu", "--csv", "--page", "source", "--print-source", "sass", "--section", "SourceCounters",
-           "--section", "WarpStateStats", "--profile-from-start", "off", "--log-file",
-           f"{{out}}/ncu-fa2-{d}-256-{'causal' if causal else 'full'}-sass.csv", PY, "-m", "hbmsim.kernels.library",
-           "--ncu", "fa2", str(d), "256", "true" if causal else "false", "forward")
-          for d, causal in ((64, False), (128, True), (128, False)))),
+        *(_ncu_sass(d, causal) for d, causal in ((64, False), (128, True), (128, False)))),
          "issue 23: the SM's instruction-cache capacity (kernels/icache.py: a scheduler's cycles an FFMA over "
          "straight-line bodies of 4-256 KiB, 1-4 warps a scheduler) and the SASS of FA2's forward kernels "
          "(ncu's source page: each instruction's address, count and stall samples) unmasked at head dim 64 "
