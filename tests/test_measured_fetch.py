@@ -116,3 +116,17 @@ def test_ncu_kernel_time_puts_the_preset_at_nsights_clock():
     assert (run["algorithm"], run["variant"], run["workload"]["batch"], run["workload"]["heads"]) == \
         ("flash3", "cudnn-sm90", 4, 8)
     assert nk.main(["no-such-ncu-file"]) == 2
+
+
+def test_fetch_regions_in_the_simulations_schedule():
+    """scripts/fetch_regions.py, the check of a rule for the wait (validation.md): at N = 128 every
+    block runs its one peeled step, so no two resident blocks run different code; at N = 256 they
+    do for about 0.40 of the time (predicted schedule), and the measured waits are read off the files."""
+    fr = _script("fetch_regions")
+    assert fr.regions(*fr.step_starts(128, 64, True)) == (0.0, 0.0)
+    differ, cold = fr.regions(*fr.step_starts(256, 64, True))
+    assert 0.35 < differ < 0.45 and 0.40 < cold < 0.55
+    waits = fr.measured_waits()
+    assert round(waits["ncu-fa2-64-256-causal-forward.csv"], 2) == 1.31
+    assert round(waits["ncu-fa2-64-256-forward.csv"], 2) == 0.20
+    assert fr.main(["0"]) == 2
