@@ -117,7 +117,10 @@ def parser():
 
 def main(argv=None) -> int:
     from .profile import gpu_provenance
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats}: must be at least 1")        # one line, exit 2
     command = ["python", "-m", "hbmsim.kernels.icache", "--out", a.out, "--repeats", str(a.repeats)]
     prov = gpu_provenance(command, 1, a.repeats, None)
     prov["timing"] = {"method": "clock64 at each block's start and end (after a __syncthreads), one block an SM; "

@@ -28,10 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ncu_kernel_time as nk  # noqa: E402
 
-from hbmsim.scenarios.experiment import Experiment  # noqa: E402
 from hbmsim.scenarios.published import MEASURED_DIR  # noqa: E402
-from hbmsim.scenarios.runner import build_program, prepare  # noqa: E402
-from hbmsim.scenarios.validate import config_of  # noqa: E402
+from hbmsim.scenarios.runner import build_program  # noqa: E402
 from hbmsim.simulator import simulate  # noqa: E402
 
 GPU = "h200-sxm-141gb"
@@ -45,12 +43,10 @@ def file_name(seq_len: int, head_dim: int, causal: bool) -> str:
     return f"ncu-fa2-{head_dim}-{seq_len}-{'causal' if causal else 'false'}-forward.csv"
 
 
-def step_starts(seq_len: int, head_dim: int, causal: bool) -> list:
-    """[(time, sm, block)] of every K/V step (a compute call with exps) of the run's forward."""
-    run = nk.run_of(file_name(seq_len, head_dim, causal), GPU)
-    cfg = config_of("fetch_regions", 0, run)
-    cfg = config_of("fetch_regions", 0, {**run, "hardware_overrides": nk.at_clock(cfg.gpu, NCU_CLOCK_HZ)})
-    cfg = prepare(Experiment("fetch_regions", "", cfg.gpu, [cfg])).configs[0]
+def step_starts(seq_len: int, head_dim: int, causal: bool) -> tuple:
+    """([(time, sm, block)] of every K/V step (a compute call with exps) of the run's forward,
+    {(sm, block): when its last call started})."""
+    cfg = nk.config_at_clock(nk.run_of(file_name(seq_len, head_dim, causal), GPU), "fetch_regions", NCU_CLOCK_HZ)
     steps, ends = [], {}
 
     def trace(t, sm, kernel, block, what):
@@ -64,15 +60,12 @@ def step_starts(seq_len: int, head_dim: int, causal: bool) -> list:
 
 def regions(steps: list, ends: dict) -> tuple:
     """(differing, cold) as the module's docstring says."""
-    seen: collections.Counter = collections.Counter()
     timed = []                                          # (start, end, sm, region)
-    by_block = collections.defaultdict(list)
-    for t, sm, b in sorted(steps):
-        seen[sm, b] += 1
-        by_block[sm, b].append((t, "peeled" if seen[sm, b] == 1 else "loop"))
+    by_block = collections.defaultdict(list)            # (sm, block) -> [(start, region)]
     last_on_sm, cold = {}, 0
     for t, sm, b in sorted(steps):
-        reg = "peeled" if by_block[sm, b][0][0] == t else "loop"
+        reg = "loop" if by_block[sm, b] else "peeled"     # a block's first step runs the peeled code
+        by_block[sm, b].append((t, reg))
         cold += last_on_sm.get(sm, reg) != reg
         last_on_sm[sm] = reg
     for (sm, b), ts in by_block.items():

@@ -56,10 +56,12 @@ def _ncu_run(csv: str, *library_args: str, ncu_options: tuple = ()) -> tuple:
             "--log-file", f"{{out}}/{csv}", PY, "-m", "hbmsim.kernels.library", *library_args)
 
 
-def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096) -> tuple:
-    """One warmed pass of the library's `impl` into {out}/ncu-IMPL-D-N-PASS.csv."""
-    return _ncu_run(f"ncu-{impl}-{head_dim}-{seq_len}-{pass_name}.csv", "--ncu", impl, str(head_dim), str(seq_len),
-                    "false", pass_name)
+def _ncu(impl: str, head_dim: int, pass_name: str = "forward", seq_len: int = 4096, causal: bool = False) -> tuple:
+    """One warmed pass of the library's `impl` into {out}/ncu-IMPL-D-N-PASS.csv (-causal before -PASS
+    under a causal mask)."""
+    mask = "-causal" if causal else ""
+    return _ncu_run(f"ncu-{impl}-{head_dim}-{seq_len}{mask}-{pass_name}.csv", "--ncu", impl, str(head_dim),
+                    str(seq_len), str(causal).lower(), pass_name)
 
 
 def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_name: str = "forward") -> tuple:
@@ -68,12 +70,6 @@ def _ncu_wave(impl: str, head_dim: int, tiles: int, seq_len: int = 4224, pass_na
     tail = "" if pass_name == "forward" else f"-{pass_name}"
     return _ncu_run(f"ncu-{impl}-{head_dim}-{seq_len}-k{tiles}{tail}.csv", "--ncu", impl, str(head_dim), str(seq_len),
                     "false", pass_name, "--tiles-per-sm", str(tiles))
-
-
-def _ncu_causal(head_dim: int, seq_len: int) -> tuple:
-    """One warmed causal forward of FA2 into {out}/ncu-fa2-D-N-causal-forward.csv."""
-    return _ncu_run(f"ncu-fa2-{head_dim}-{seq_len}-causal-forward.csv", "--ncu", "fa2", str(head_dim), str(seq_len),
-                    "true", "forward")
 
 
 def _ncu_sass(head_dim: int, causal: bool, seq_len: int = 256) -> tuple:
@@ -179,7 +175,7 @@ STEPS = (
          (("{gpu}-ncu-pipes.json", "scenarios/measured/{gpu}-ncu-pipes.json"),)),
     Step("ncu-cudnn-bwd", 180, (
         _ncu("cudnn", 256, "backward"), _ncu("cudnn", 64, "backward", seq_len=1024),
-        _ncu_run("ncu-cudnn-64-4096-causal-backward.csv", "--ncu", "cudnn", "64", "4096", "true", "backward"),
+        _ncu("cudnn", 64, "backward", causal=True),
         _summarise(("ncu-cudnn-256-4096-backward.csv", "ncu-cudnn-64-1024-backward.csv",
                     "ncu-cudnn-64-4096-causal-backward.csv"), "{out}/{gpu}-ncu-cudnn-bwd.json")),
          "issue 26: the warp instructions a score of cuDNN's sm90 backward (flash3 variant cudnn-sm90: "
@@ -209,7 +205,7 @@ STEPS = (
          "these runs are predicted 20-31% fast at kernel level since lock-step is gone, as short decodes are",
          (("{gpu}-ncu-short.json", "scenarios/measured/{gpu}-ncu-short.json"),)),
     Step("ncu-short-causal", 240, (
-        *(_ncu_causal(d, n) for d, n in SHORT_CAUSAL),
+        *(_ncu("fa2", d, seq_len=n, causal=True) for d, n in SHORT_CAUSAL),
         _ncu("fa2", 64, seq_len=512),
         _summarise((*(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in SHORT_CAUSAL), "ncu-fa2-64-512-forward.csv"),
                    "{out}/{gpu}-ncu-short-causal.json")),
@@ -220,7 +216,7 @@ STEPS = (
          "how much the mask's at short N",
          (("{gpu}-ncu-short-causal.json", "scenarios/measured/{gpu}-ncu-short-causal.json"),)),
     Step("ncu-causal-long", 180, (
-        *(_ncu_causal(d, n) for d, n in LONG_CAUSAL),
+        *(_ncu("fa2", d, seq_len=n, causal=True) for d, n in LONG_CAUSAL),
         _summarise(tuple(f"ncu-fa2-{d}-{n}-causal-forward.csv" for d, n in LONG_CAUSAL),
                    "{out}/{gpu}-ncu-causal-long.json"),
         # the causal N = 256 kernel's SASS with each instruction's stall samples: the two copies of the

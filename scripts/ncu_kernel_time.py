@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ncu_dram_bytes as nd  # noqa: E402  (the ncu files' names and loading, one place)
 
-from hbmsim.scenarios.experiment import Experiment  # noqa: E402
+from hbmsim.scenarios.experiment import Experiment, resolve_hardware  # noqa: E402
 from hbmsim.scenarios.kernel_rows import GROUPS  # noqa: E402
 from hbmsim.scenarios.runner import build_program, prepare  # noqa: E402
 from hbmsim.scenarios.validate import config_of  # noqa: E402
@@ -59,16 +59,21 @@ def run_of(file_name: str, hardware: str) -> dict | None:
     return run
 
 
+def config_at_clock(run: dict, where: str, clock_hz: float):
+    """The run's configuration (validate's config_of) on its preset at `clock_hz` (at_clock), prepared."""
+    gpu = resolve_hardware(run["hardware"])
+    cfg = config_of(where, 0, {**run, "hardware_overrides": at_clock(gpu, clock_hz)})
+    return prepare(Experiment("ncu", "ncu", cfg.gpu, [cfg])).configs[0]
+
+
 def predicted_s(run: dict, where: str, clock_hz: float) -> dict:
     """{kernel name: seconds} of the run's pass, each kernel from an empty L2, at `clock_hz`."""
-    cfg = config_of(where, 0, run)
-    cfg = config_of(where, 0, {**run, "hardware_overrides": at_clock(cfg.gpu, clock_hz)})
-    cfg = prepare(Experiment("ncu", "ncu", cfg.gpu, [cfg])).configs[0]
+    cfg = config_at_clock(run, where, clock_hz)
     result = simulate(cfg.gpu, build_program(cfg, None, True), fold=True, flush_launches=True)
     out: dict = {}
     for k in result.kernels:
         if k.pass_name == run["ncu_pass"] and k.launched:
-            out[k.name] = out.get(k.name, 0.0) + k.end_s - k.start_s + k.folded_s
+            out[k.name] = out.get(k.name, 0.0) + k.time_s
     return out
 
 

@@ -30,6 +30,9 @@ def test_iterations_and_cycles_per_instruction_by_hand():
 def test_the_command_line():
     a = icache.parser().parse_args(["--out", "x.json"])
     assert (a.out, a.repeats) == ("x.json", 3)
+    with pytest.raises(SystemExit) as e:                   # before any GPU work
+        icache.main(["--out", "x.json", "--repeats", "0"])
+    assert e.value.code == 2
 
 
 @pytest.mark.gpu
