@@ -442,31 +442,68 @@ def test_bad_calls_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "runs[0]: field 'calls' = 'many' must be one of one, back-to-back" in err
 
 
-def test_a_rerun_of_the_same_code_takes_its_simulations_from_the_cache(tmp_path, monkeypatch):
-    """validate keeps each finished simulation in $HBMSIM_CACHE/validate/<hash of the code>.jsonl: a
-    rerun simulates nothing it holds (the same points; a line cut short is skipped), --no-cache
-    simulates again, and a file another code left is removed."""
-    from hbmsim.scenarios import sweep
-    from hbmsim.scenarios.sim_cache import source_hash
+def test_a_rerun_simulates_only_what_the_cache_lacks_for_its_programs_code(tmp_path, monkeypatch):
+    """validate keeps each finished simulation in $HBMSIM_CACHE/validate/simulations.jsonl under its
+    configuration's key and its program's code hash: a rerun simulates nothing it holds (the same
+    points; a line cut short is skipped); an edit to one program's modules simulates that program's
+    configurations again and keeps the others' (FA2's four here, FA1's and PyTorch's kept), the
+    records the edit made stale dropped; --no-cache simulates everything; an older release's
+    per-hash file is removed."""
+    from hbmsim.scenarios import sim_cache, sweep
     cache = tmp_path / "cache"
     monkeypatch.setenv("HBMSIM_CACHE", str(cache))
     monkeypatch.delenv("HBMSIM_NO_CACHE")
     (cache / "validate").mkdir(parents=True)
-    (cache / "validate" / "0123456789abcdef0123.jsonl").write_text("{}\n")       # an older code's
-    args = SUBSET + ["--workers", "1", "--json"]
+    (cache / "validate" / "0123456789abcdef0123.jsonl").write_text("{}\n")       # an older release's
+    args = ["validate", "fa2-paper-fwd-bwd", "--only", "a100-sxm4-80gb forward+backward", "--max-seq-len", "512",
+            "--quiet", "--workers", "1", "--json"]
     assert main(args + [str(tmp_path / "first.json")]) == 0
-    assert [f.name for f in (cache / "validate").iterdir()] == [f"{source_hash()}.jsonl"]
-    with (cache / "validate" / f"{source_hash()}.jsonl").open("a") as fh:
+    log = cache / "validate" / "simulations.jsonl"
+    assert [f.name for f in (cache / "validate").iterdir()] == [log.name]
+    with log.open("a") as fh:
         fh.write('{"index": 0, "key": "cut sh')            # a line another process left cut short: skipped
+    simulated, real = [], sweep.run_config
 
-    def simulated(*a, **k):
-        raise AssertionError("simulated a configuration the cache holds")
-    monkeypatch.setattr(sweep, "run_config", simulated)
+    def counted(cfg, *a, **k):
+        simulated.append(cfg.run.algorithm)
+        return real(cfg, *a, **k)
+    monkeypatch.setattr(sweep, "run_config", counted)
     assert main(args + [str(tmp_path / "second.json")]) == 0
-    first, second = (json.loads((tmp_path / f).read_text())["points"] for f in ("first.json", "second.json"))
-    assert len(first) == 4 and second == first
-    with pytest.raises(AssertionError, match="simulated a configuration"):
-        main(args + [str(tmp_path / "third.json"), "--no-cache"])
+    assert simulated == []
+    edited = {**sim_cache.code_hashes(), "flash2": "0" * sim_cache.HASH_CHARS}
+    monkeypatch.setattr(sim_cache, "code_hashes", lambda: edited)
+    assert main(args + [str(tmp_path / "third.json")]) == 0
+    assert sorted(simulated) == ["flash2"] * 4
+    first, second, third = (json.loads((tmp_path / f).read_text())["points"]
+                            for f in ("first.json", "second.json", "third.json"))
+    assert len(first) == 12 and second == first and third == first
+    codes = [json.loads(line)["key"].split(" ", 1)[0] for line in log.read_text().splitlines()]
+    assert len(codes) == 12 and codes.count("0" * sim_cache.HASH_CHARS) == 4        # stale FA2 records gone
+    simulated.clear()
+    assert main(args + [str(tmp_path / "fourth.json"), "--no-cache"]) == 0
+    assert len(simulated) == 12
+
+
+def test_a_programs_code_is_its_spec_modules_imports():
+    """The modules whose edit makes validate simulate a program again: its spec module's imports,
+    directly or not (FA2's spec reaches neither FA3's nor FA1's kernels), and everything when a
+    module imports the programs package itself (which imports every program)."""
+    from hbmsim.scenarios.sim_cache import code_hashes, program_files
+    files = program_files()
+    assert {"flash2", "flash2_backward", "flash2_splitkv", "common"} <= files["flash2"]
+    assert not {"flash3", "flash3_backward", "flash1_kernel", "standard_kernels"} & files["flash2"]
+    assert {"flash3", "flash3_backward", "flash3_combine"} <= files["flash3"]
+    assert not {"flash2", "flash3", "flash1"} & files["standard"]
+    hashes = code_hashes()
+    assert sorted(hashes) == ["flash1", "flash2", "flash3", "standard"] and len(set(hashes.values())) == 4
+
+
+def test_an_import_of_the_programs_package_reaches_every_program(tmp_path):
+    from hbmsim.scenarios.sim_cache import _algorithm_imports
+    f = tmp_path / "m.py"
+    f.write_text("from hbmsim.algorithms import get\nfrom .common import x\nfrom . import paged\n"
+                 "import hbmsim.algorithms.flash3\n")
+    assert _algorithm_imports(f) == {"__init__", "get", "common", "paged", "flash3"}
 
 
 def _one_wave_times(path, capsys, *extra) -> dict:
