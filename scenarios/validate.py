@@ -186,6 +186,30 @@ def repeats_of(where: str, r: dict) -> tuple | None:
     return (min(times), statistics.median(times), max(times)) if len(times) >= 2 else None
 
 
+def check_kernel_rows(where: str, r: dict) -> None:
+    """A run's kernel rows ("kernels": torch.profiler's, one per kernel name) are each an object
+    with a "name" (a non-empty string), a "time_s" (a finite number >= 0: the kernel's device
+    seconds in the pass) and, where given, "launches" (a finite number > 0); anything else is one line."""
+    rows = r.get("kernels")
+    if rows is None:
+        return
+    if not isinstance(rows, list):
+        raise HbmsimError(f"{where}: field 'kernels' = {rows!r} must be a list of kernel rows")
+    for k, row in enumerate(rows):
+        at = f"{where}: field 'kernels[{k}]"
+        if not isinstance(row, dict):
+            raise HbmsimError(f"{at}' = {row!r} must be an object with 'name' and 'time_s'")
+        if not isinstance(row.get("name"), str) or not row["name"]:
+            raise HbmsimError(f"{at}.name' = {row.get('name')!r} must be a non-empty string")
+        for field, limit in (("time_s", ">= 0"), ("launches", "> 0")):
+            v = row.get(field)
+            if v is None and field == "launches":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (limit == "> 0" and v == 0):
+                raise HbmsimError(f"{at}.{field}' = {v!r} must be a finite number {limit}")
+
+
 CALLS = ("one", "back-to-back")
 
 
@@ -233,6 +257,7 @@ def plan(refs: list, only: str | None = None, max_seq_len: int | None = None) ->
             raise HbmsimError(f"{path}: field 'source' = 'predicted': validate compares predictions with "
                               "published or measured times, and this file holds predictions")
         for cfg, r in configs_of(str(path), measured.runs, only, max_seq_len):
+            check_kernel_rows(cfg.where, r)
             key = config_key(cfg, BASELINE)
             if key not in index:
                 index[key] = len(configs)

@@ -432,6 +432,26 @@ def test_a_papers_loop_of_calls_hides_the_host(tmp_path):
     assert one["predicted_time_s"] - one["predicted_kernel_time_s"] > 95.7e-6
 
 
+@pytest.mark.parametrize("row, message", [
+    ({"name": "k", "time_s": "abc"}, "field 'kernels[0].time_s' = 'abc' must be a finite number >= 0"),
+    ({"name": "k", "time_s": -1e-6}, "field 'kernels[0].time_s' = -1e-06 must be a finite number >= 0"),
+    ({"name": "k", "time_s": float("nan")}, "field 'kernels[0].time_s' = nan must be a finite number >= 0"),
+    ({"name": "k"}, "field 'kernels[0].time_s' = None must be a finite number >= 0"),
+    ({"name": "", "time_s": 1e-6}, "field 'kernels[0].name' = '' must be a non-empty string"),
+    ({"name": "k", "time_s": 1e-6, "launches": 0}, "field 'kernels[0].launches' = 0 must be a finite number > 0"),
+    ("k", "field 'kernels[0]' = 'k' must be an object with 'name' and 'time_s'"),
+])
+def test_bad_kernel_rows_are_one_line(tmp_path, capsys, row, message):
+    """A measured run's kernel rows are checked before anything is simulated: one line, exit 2."""
+    doc = json.loads((MEASURED_DIR / "h100-decode-sdpa-gqa.json").read_text())
+    doc["runs"] = [{**doc["runs"][0], "kernels": [row]}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs[0]" in err and message in err
+
+
 def test_bad_calls_are_one_line(tmp_path, capsys):
     doc = json.loads(SHIPPED.read_text())
     doc["runs"] = [{**doc["runs"][0], "calls": "many"}]
