@@ -253,15 +253,23 @@ STEPS = (
          "since then the paced kernel (stores a twentieth of DRAM's rate): does the L2 write back while DRAM "
          "idles, as FA2's compute-bound forward suggests (it leaves nothing dirty under Nsight)?",
          (("{gpu}-l2-store-retention.json", "scenarios/measured/{gpu}-l2-store-retention.json"),)),
-    Step("ncu-free-clock", 150, (
+    Step("ncu-free-clock", 270, (
         _ncu_run("ncu-pytorch-64-4096-forward-free-clock.csv", "--ncu", "pytorch", "64", "4096", "false", "forward",
                  ncu_options=("--clock-control", "none")),
-        _summarise(("ncu-pytorch-64-4096-forward-free-clock.csv",), "{out}/{gpu}-ncu-free-clock.json")),
-         "issue 23: PyTorch's forward under Nsight Compute with the clock left free (--clock-control none): the "
-         "SM clock each kernel really ran at (sm__cycles_elapsed.avg.per_second). At the locked base clock the "
-         "softmax forward takes the same 13.0 M cycles on an H100 and an H200, yet in the kernel rows it runs "
-         "1.03-1.25x longer on the H200 at N >= 4096 (-15% predicted): a lower clock under load, which NVML's "
-         "20 ms samples do not resolve?",
+        _ncu_run("ncu-cudnn-64-4096-backward-free-clock.csv", "--ncu", "cudnn", "64", "4096", "false", "backward",
+                 ncu_options=("--clock-control", "none")),
+        _ncu_run("ncu-fa2-64-512-causal-forward-free-clock.csv", "--ncu", "fa2", "64", "512", "true", "forward",
+                 ncu_options=("--clock-control", "none")),
+        _summarise(("ncu-pytorch-64-4096-forward-free-clock.csv", "ncu-cudnn-64-4096-backward-free-clock.csv",
+                    "ncu-fa2-64-512-causal-forward-free-clock.csv"), "{out}/{gpu}-ncu-free-clock.json")),
+         "issue 23: PyTorch's forward, cuDNN's backward (head dim 64, N = 4096) and FA2's causal forward at "
+         "N = 512 under Nsight Compute with the clock left free (--clock-control none): the SM clock each kernel "
+         "really ran at (sm__cycles_elapsed.avg.per_second). At the locked base clock the softmax forward takes "
+         "the same 13.0 M cycles on an H100 and an H200, yet in the kernel rows it runs 1.03-1.25x longer on the "
+         "H200 at N >= 4096 (-15% predicted); cuDNN's backward takes 15% more cycles in the kernel rows at boost "
+         "than at Nsight's locked clock, and FA2's short causal forward 19% more (the model: +2-7%): a lower "
+         "clock under load, which NVML's 20 ms samples do not resolve (the H200's GEMMs ran at 1.76-1.78 GHz "
+         "with the clock free, 2026-11-27)?",
          (("{gpu}-ncu-free-clock.json", "scenarios/measured/{gpu}-ncu-free-clock.json"),)),
     Step("ncu-tc", 180, (
         ("ncu", "--csv", "--page", "raw", "--set", "full", "-k", "regex:flash_attention_tc", "--log-file",
