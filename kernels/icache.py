@@ -18,6 +18,15 @@ start and end gives its cycles, and cycles / (instructions a warp x warps a sche
 scheduler takes an instruction: 1 while the body runs from the caches at the issue rate, more once
 each pass fetches its instructions from further away. The size at which it rises is the capacity.
 
+Two streams (since 2026-11-27, second session): FA2's causal blocks are not in step, so the two
+warps a scheduler holds (one of each resident block) run different code, where the unmasked
+kernel's blocks, in step, run the same (and share what is fetched). Each kernel `icache2_<K>KiB`
+holds two bodies of K KiB, alike but for their constants; warp w runs the second when (w / 4) is
+odd (warps go to the schedulers by w mod 4, so with 2 warps a scheduler each scheduler has one warp
+of each body: two streams of K KiB, 2K between them). Its cycles an instruction, against the one
+body's at the same 2K and at K, say what a scheduler pays when its two warps fetch different code:
+the cost a rule for FA2's causal waits needs (docs/validation.md: no rule yet fits them).
+
     python -m hbmsim.kernels.icache --out GPU-icache.json     (on a GPU with CuPy)
 """
 from __future__ import annotations
@@ -27,6 +36,8 @@ import statistics
 from pathlib import Path
 
 SIZES_KIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TWO_STREAM_SIZES_KIB = (4, 8, 12, 16, 24, 32, 48, 64)       # each body's; the two together twice that
+TWO_STREAM_WARPS = (2, 4)          # warps a scheduler of the two-body kernels: half of them on each body
 FFMA_BYTES = 16                    # one SASS instruction on sm70 and later (Volta onwards: 128-bit encodings)
 FFMA_CHAINS = 8                    # independent accumulators: a warp's next FFMA never waits on its last
 WARPS_PER_SCHEDULER = (1, 2, 4)    # 4, 8, 16 warps a block, one block an SM
@@ -51,8 +62,34 @@ extern "C" __global__ void {name}(float* out, long long* cycles, float a, int it
 """
 
 
-def kernel_name(kib: int) -> str:
-    return f"icache_{kib}KiB"
+_KERNEL_TWO = r"""
+extern "C" __global__ void {name}(float* out, long long* cycles, float a, int iterations) {{
+    float x0 = threadIdx.x, x1 = x0 + 1.f, x2 = x0 + 2.f, x3 = x0 + 3.f,
+          x4 = x0 + 4.f, x5 = x0 + 5.f, x6 = x0 + 6.f, x7 = x0 + 7.f;
+    const bool second = ((threadIdx.x >> 5) / {schedulers}) & 1;     // warp w: (w / 4) odd
+    __syncthreads();
+    long long start = clock64();
+    if (second) {{
+        #pragma unroll 1
+        for (int it = 0; it < iterations; ++it) {{
+{body_b}
+        }}
+    }} else {{
+        #pragma unroll 1
+        for (int it = 0; it < iterations; ++it) {{
+{body_a}
+        }}
+    }}
+    __syncthreads();
+    long long end = clock64();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
+}}
+"""
+
+
+def kernel_name(kib: int, streams: int = 1) -> str:
+    return f"icache_{kib}KiB" if streams == 1 else f"icache{streams}_{kib}KiB"
 
 
 def ffmas(kib: int) -> int:
@@ -65,15 +102,24 @@ def iterations(kib: int) -> int:
     return max(1, INSTRUCTIONS_PER_WARP // ffmas(kib))
 
 
-def body(kib: int) -> str:
+def body(kib: int, first: int = 1, indent: str = "        ") -> str:
     """x_c = fmaf(x_c, a, constant) in turn over the FFMA_CHAINS accumulators, each constant its own
-    (a runtime multiplier and distinct addends: nothing to fold or hoist), ffmas(kib) statements."""
-    return "\n".join(f"        x{i % FFMA_CHAINS} = fmaf(x{i % FFMA_CHAINS}, a, {1 + i}e-7f);"
-                     for i in range(ffmas(kib)))
+    (a runtime multiplier and distinct addends from `first` on: nothing to fold or hoist),
+    ffmas(kib) statements."""
+    return "\n".join(f"{indent}x{i % FFMA_CHAINS} = fmaf(x{i % FFMA_CHAINS}, a, {first + i}e-7f);"
+                      for i in range(ffmas(kib)))
 
 
 def source(sizes_kib=SIZES_KIB) -> str:
     return "".join(_KERNEL.format(name=kernel_name(k), body=body(k)) for k in sizes_kib)
+
+
+def source_two(sizes_kib=TWO_STREAM_SIZES_KIB) -> str:
+    """The two-body kernels: the second body's addends follow the first's, so the two differ
+    (ptxas cannot merge them) and each is ffmas(K) FFMAs."""
+    return "".join(_KERNEL_TWO.format(name=kernel_name(k, 2), schedulers=SCHEDULERS,
+                                      body_a=body(k, 1, " " * 12), body_b=body(k, 1 + ffmas(k), " " * 12))
+                   for k in sizes_kib)
 
 
 def cycles_per_instruction(block_cycles: list, kib: int, warps_per_scheduler: int) -> float:
@@ -82,13 +128,18 @@ def cycles_per_instruction(block_cycles: list, kib: int, warps_per_scheduler: in
     return statistics.median(block_cycles) / (ffmas(kib) * iterations(kib) * warps_per_scheduler)
 
 
-def measure(sizes_kib=SIZES_KIB, repeats: int = 3) -> list[dict]:
+def measure(sizes_kib=SIZES_KIB, repeats: int = 3, two_stream_sizes_kib=TWO_STREAM_SIZES_KIB) -> list[dict]:
+    """One row per kernel and warps a scheduler: the one-body kernels over `sizes_kib`, then the
+    two-body kernels over `two_stream_sizes_kib` ("streams": 2, "code_kib" each body's,
+    "union_kib" both)."""
     import cupy as cp
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     rows = []
-    for kib in sizes_kib:                     # a module a size: each compiled (seconds) just before it runs
-        fn = cp.RawModule(code=source((kib,))).get_function(kernel_name(kib))
-        for wps in WARPS_PER_SCHEDULER:
+    plan = [(k, 1, WARPS_PER_SCHEDULER) for k in sizes_kib] + [(k, 2, TWO_STREAM_WARPS) for k in two_stream_sizes_kib]
+    for kib, streams, warps in plan:          # a module a kernel: each compiled (seconds) just before it runs
+        code = source((kib,)) if streams == 1 else source_two((kib,))
+        fn = cp.RawModule(code=code).get_function(kernel_name(kib, streams))
+        for wps in warps:
             threads = 32 * SCHEDULERS * wps
             out = cp.zeros(sms * threads, dtype=cp.float32)
             cycles = cp.zeros(sms, dtype=cp.int64)
@@ -99,11 +150,12 @@ def measure(sizes_kib=SIZES_KIB, repeats: int = 3) -> list[dict]:
                 fn((sms,), (threads,), args)
                 cp.cuda.runtime.deviceSynchronize()
                 runs.append(cycles_per_instruction(cycles.get().tolist(), kib, wps))
-            rows.append({"kernel": kernel_name(kib), "code_kib": kib, "ffmas": ffmas(kib),
-                         "iterations": iterations(kib), "warps_per_scheduler": wps,
-                         "cycles_per_instruction": statistics.median(runs), "repeats": runs})
-            print(f"{kib:4d} KiB, {wps} warps a scheduler: {rows[-1]['cycles_per_instruction']:.3f} cycles "
-                  "an instruction", flush=True)
+            rows.append({"kernel": kernel_name(kib, streams), "code_kib": kib, "streams": streams,
+                         "union_kib": streams * kib, "ffmas": ffmas(kib), "iterations": iterations(kib),
+                         "warps_per_scheduler": wps, "cycles_per_instruction": statistics.median(runs),
+                         "repeats": runs})
+            print(f"{kib:4d} KiB x {streams} bodies, {wps} warps a scheduler: "
+                  f"{rows[-1]['cycles_per_instruction']:.3f} cycles an instruction", flush=True)
     return rows
 
 
@@ -127,7 +179,8 @@ def main(argv=None) -> int:
                                 "cycles an instruction = the blocks' median cycles / (FFMAs a warp x warps a "
                                 "scheduler); the median of the repeats", "warmup": 1, "repeats": a.repeats}
     doc = {"source": "measured", "what": "instruction-cache capacity microbenchmark (kernels/icache.py): a "
-                                         "scheduler's cycles an FFMA over straight-line bodies of 4-256 KiB",
+                                         "scheduler's cycles an FFMA over straight-line bodies of 4-256 KiB, "
+                                         "and with its two warps on two different bodies of 4-64 KiB each",
            "provenance": prov, "results": measure(repeats=a.repeats)}
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -228,11 +228,13 @@ STEPS = (
          "run both copies of the step (the masking steps' and the rest's): does that wait last at longer N, "
          "where a block runs its masking steps once among many (the long causal runs are predicted within 5%)?",
          (("{gpu}-ncu-causal-long.json", "scenarios/measured/{gpu}-ncu-causal-long.json"),)),
-    Step("icache", 150, (
+    Step("icache", 240, (
         (PY, "-m", "hbmsim.kernels.icache", "--out", "{out}/{gpu}-icache.json"),
         *(_ncu_sass(d, causal) for d, causal in ((64, False), (128, True), (128, False)))),
          "issue 23: the SM's instruction-cache capacity (kernels/icache.py: a scheduler's cycles an FFMA over "
-         "straight-line bodies of 4-256 KiB, 1-4 warps a scheduler) and the SASS of FA2's forward kernels "
+         "straight-line bodies of 4-256 KiB, 1-4 warps a scheduler; since 2026-11-27's second session also "
+         "two different bodies of 4-64 KiB on each scheduler's warps, what FA2's causal blocks out of step "
+         "pay) and the SASS of FA2's forward kernels "
          "(ncu's source page: each instruction's address, count and stall samples) unmasked at head dim 64 "
          "and with and without the mask at 128, beside the causal head-dim-64 kernel's (72 KB, "
          "ncu-causal-long): whether a causal kernel's two copies of the step outgrow the cache",
