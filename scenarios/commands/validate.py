@@ -34,8 +34,9 @@ def add_parser(sub) -> None:
                    help="simulate on N local processes (a Dask LocalCluster, as `run --workers`; default: every "
                         "core when there are 16 distinct configurations or more, 1: this process only)")
     v.add_argument("--no-cache", action="store_true",
-                   help="simulate every configuration again (default: reuse the simulations a validate of the same "
-                        "code kept in $HBMSIM_CACHE/validate, ~/.cache/hbmsim by default)")
+                   help="simulate every configuration again (default: reuse what earlier validates kept in "
+                        "$HBMSIM_CACHE/validate, ~/.cache/hbmsim by default, for the same configuration, hardware "
+                        "fields and program code: an edited preset or program simulates only its own again)")
     add_without(v)
     v.set_defaults(func=cmd_validate)
 
