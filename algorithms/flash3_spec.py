@@ -47,6 +47,21 @@ FA3_KERNEL, FP8, CUDNN = "fa3-kernel", "fp8", "cudnn-sm90"
 # score (+1.8%), under a causal mask 0.5580 a computed score (-2.6%; h200-ncu-cudnn-bwd.json).
 # Other head dims were not measured: FA3's FP32 counting.
 CUDNN_BWD_INSTRUCTIONS_PER_SCORE = {64: 0.5727, 128: 0.6959, 256: 1.7538}
+# fa3-kernel: FlashAttention-3's own backward main kernel, counted in its compiled SASS (not measured:
+# scripts/fa3_bwd_sass.py on the nvdisasm listings in scripts/fa3_sass/, FA3's hopper/ at commit 0251105a
+# built for sm_90a by nvcc 13.0 with its flags; its wheels use ptxas 12.8): a main-loop iteration's warp
+# instructions, the 8 consumer warps' (the fast path of each pipeline wait) and the producer's and dQ
+# writer's (each loop unrolled 2x: two iterations' over 2), over the kBlockM x kBlockN tile, by (head
+# dim, causal): 705, 669 (the unmasked loop; the diagonal's masked one runs 776), 506 and 482 a consumer
+# warp on 128 x 128, 128 x 128, 80 x 128 and 64 x 128 tiles. Of a consumer's, 4 FP32 instructions a score
+# per thread (FFMA, MUFU.EX2, FADD, FMUL: the four FA3's FP32 counting has) and as many FSEL and F2FP;
+# the rest HGMMA, warpgroup arrives, shared-memory stores, shuffles and address arithmetic. Issued as
+# cudnn-sm90's measured count is (0.57-0.70 a score: cuDNN's kernel issues more); other head dims keep
+# the FP32 counting.
+FA3_BWD_INSTRUCTIONS_PER_SCORE = {(64, False): (2 * 705 * 8 + 105 + 80) / (2 * 128 * 128),
+                                  (64, True): (2 * 669 * 8 + 123 + 80) / (2 * 128 * 128),
+                                  (128, False): (2 * 506 * 8 + 132 + 80) / (2 * 80 * 128),
+                                  (128, True): (2 * 482 * 8 + 150 + 80) / (2 * 64 * 128)}
 # How many times cuDNN's sm90 backward computes S = Q K^T and dP = dO V^T a step, from the same Nsight
 # runs: its tensor ops (sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum) are 10 N^2 d a
 # batch-head at head dims 64 and 128, the five GEMMs of FA3's step (4 for S and dP, 2 for dV, 4 for
@@ -372,7 +387,8 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
-        instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else 0.0
+        instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else \
+            FA3_BWD_INSTRUCTIONS_PER_SCORE.get((wl.head_dim, wl.causal), 0.0) if m.variant == FA3_KERNEL else 0.0
         sdp_passes = CUDNN_BWD_SDP_PASSES.get(wl.head_dim, 1) if m.variant == CUDNN else 1
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), registers,

@@ -636,28 +636,38 @@ def test_the_serial_bound_script_by_hand(capsys):
 def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_bytes, dkv_bytes, dq_bytes,
                                                      dq_staged):
     """One block, one step of the main backward kernel: each consumer warpgroup's GEMMs, then P's exps,
-    then dS = P o (dP - D) on the FP32 lanes with its stores to shared memory, then dV's GEMM, the
-    named barrier of both warpgroups, then dK's and dQ's GEMMs (FA3's bwd_step order). Head dim 64
-    feeds dV and dK from registers and stages dQ in shared memory; 256 stores P and dS and adds dQ
-    from registers. The SM's busy time is the calls' sum, and the shared-memory bytes are every
-    wgmma's operand reads (by hand above; dV's GEMM reads half of dV's and dK's) and the stored tiles."""
+    then dS = P o (dP - D) with its stores to shared memory, then dV's GEMM, the named barrier of both
+    warpgroups, then dK's and dQ's GEMMs (FA3's bwd_step order). Head dim 64 feeds dV and dK from
+    registers and stages dQ in shared memory, and issues the kernel's SASS count (705 instructions a
+    consumer warp, the producer's 52.5 and the dQ writer's 40 an iteration: 11,465 / 32,768 a score,
+    32 lanes each, at the schedulers' rate) in P's phase; 256 (not counted) stores P and dS, adds dQ
+    from registers and counts its FP32 operations, dS's after the exps. The SM's busy time is the
+    calls' sum, and the shared-memory bytes are every wgmma's operand reads (by hand above; dV's GEMM
+    reads half of dV's and dK's) and the stored tiles."""
     from hbmsim.algorithms.backward_common import bwd_vector_flops
-    from hbmsim.simulator.time_model import WGMMA, SmRates
+    from hbmsim.algorithms.flash3_spec import FA3_BWD_INSTRUCTIONS_PER_SCORE
+    from hbmsim.simulator.time_model import FP32, INSTRUCTIONS, WGMMA, SmRates
     wl = Workload(1, 1, n_q, n_kv, d, dtype="fp16")
     m = resolved(wl, training=True)
     assert (m.block_q_bwd, m.block_kv_bwd) == (n_q, n_kv)            # one block, one step
     result = simulate(H100, SPEC.build(wl, m, None, True))
     main = next(k for k in result.kernels if k.name == "flash3_bwd")
     n, nc, e, wgs = n_q, n_kv, 2, 2
-    vec = bwd_vector_flops(wl, n, nc)
+    sass = FA3_BWD_INSTRUCTIONS_PER_SCORE.get((d, False))
+    if sass:
+        assert sass == 11_465 / 32_768 and d == 64
+        vec = round(32 * sass * n * nc)                          # lane-instructions: 183,440 on 128 x 128
+        p_phase, ds_phase, work = (0, vec // wgs, n * nc // wgs, 0), (0, 0, 0, stored * n * nc * e // wgs), INSTRUCTIONS
+    else:
+        vec = bwd_vector_flops(wl, n, nc)
+        p_phase = (0, (vec - 2 * n * nc) // wgs, n * nc // wgs, 0)
+        ds_phase, work = (0, 2 * n * nc // wgs, 0, stored * n * nc * e // wgs), FP32
     calls = [  # (matmul flops, vector ops, exps, shared-memory bytes) of one warpgroup
-        (4 * n * nc * d // wgs, 0, 0, sdp_bytes // wgs),
-        (0, (vec - 2 * n * nc) // wgs, n * nc // wgs, 0),
-        (0, 2 * n * nc // wgs, 0, stored * n * nc * e // wgs),
+        (4 * n * nc * d // wgs, 0, 0, sdp_bytes // wgs), p_phase, ds_phase,
         (2 * n * nc * d // wgs, 0, 0, dkv_bytes // 2 // wgs),
         (4 * n * nc * d // wgs, 0, 0, (dkv_bytes // 2 + dq_bytes + (2 * 4 * n * d if dq_staged else 0)) // wgs)]
     rates = SmRates(H100, TimeModel())
-    by_hand_s = wgs * sum(sum(rates.compute_s(WGMMA, *c)) for c in calls)
+    by_hand_s = wgs * sum(sum(rates.compute_s(WGMMA, *c, work)) for c in calls)
     assert main.compute_busy_s == pytest.approx(by_hand_s, rel=1e-9)
     assert main.sram_read_bytes == wgs * sum(c[3] for c in calls)
     assert main.vector_flops == vec and main.exp_ops == n * nc     # the counts are the program's, split not changed
@@ -666,9 +676,10 @@ def test_backward_step_is_the_sources_phases_by_hand(d, n_q, n_kv, stored, sdp_b
 def test_cudnn_variant_issues_its_measured_instructions_in_the_softmax_phase():
     """The cudnn-sm90 variant (torch's cuDNN attention as FA3's program): its backward main kernel
     issues Nsight's 0.5727 warp instructions a score (head dim 64) in the step's softmax phase, 32
-    lanes each at the warp schedulers' rate (vector_work "instructions"), in place of FA3's counted
-    FP32 operations; the GEMMs, exps, stores and bytes are FA3's. One block, one step, by hand."""
-    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_INSTRUCTIONS_PER_SCORE
+    lanes each at the warp schedulers' rate (vector_work "instructions"), in place of FA3's count
+    from its SASS (11,465 / 32,768 a score); the GEMMs, exps, stores and bytes are FA3's. One block,
+    one step, by hand."""
+    from hbmsim.algorithms.flash3_spec import CUDNN_BWD_INSTRUCTIONS_PER_SCORE, FA3_BWD_INSTRUCTIONS_PER_SCORE
     from hbmsim.simulator.time_model import INSTRUCTIONS, WGMMA, SmRates
     d, n, nc, wgs = 64, 128, 128, 2
     wl = Workload(1, 1, n, nc, d, dtype="fp16")
@@ -685,8 +696,9 @@ def test_cudnn_variant_issues_its_measured_instructions_in_the_softmax_phase():
     assert counted(result, "backward") == counted(fa3, "backward")    # the same bytes, tensor by tensor
     rates = SmRates(H100, TimeModel())
     softmax = sum(rates.compute_s(WGMMA, 0, lanes // wgs, n * nc // wgs, 0, INSTRUCTIONS))
-    softmax_fa3 = sum(rates.compute_s(WGMMA, 0, (main_fa3.vector_flops - 2 * n * nc) // wgs, n * nc // wgs, 0))
-    softmax_fa3 += sum(rates.compute_s(WGMMA, 0, 2 * n * nc // wgs, 0, 0))
+    lanes_fa3 = round(32 * FA3_BWD_INSTRUCTIONS_PER_SCORE[(64, False)] * n * nc)
+    assert main_fa3.vector_flops == lanes_fa3 == 183_440
+    softmax_fa3 = sum(rates.compute_s(WGMMA, 0, lanes_fa3 // wgs, n * nc // wgs, 0, INSTRUCTIONS))
     # the busy time differs from FA3's by the two warpgroups' softmax phases, and by nothing else
     assert main.compute_busy_s - main_fa3.compute_busy_s == pytest.approx(wgs * (softmax - softmax_fa3), rel=1e-6)
     assert softmax > softmax_fa3
