@@ -48,44 +48,27 @@ _KERNEL = r"""
 extern "C" __global__ void {name}(float* out, long long* cycles, float a, int iterations) {{
     float x0 = threadIdx.x, x1 = x0 + 1.f, x2 = x0 + 2.f, x3 = x0 + 3.f,
           x4 = x0 + 4.f, x5 = x0 + 5.f, x6 = x0 + 6.f, x7 = x0 + 7.f;
-    __syncthreads();
+{setup}    __syncthreads();
     long long start = clock64();
-    #pragma unroll 1
-    for (int it = 0; it < iterations; ++it) {{
+{timed}
+    __syncthreads();
+    long long end = clock64();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
+}}
+"""
+# the timed loop over one body (`indent` before each of its lines)
+_LOOP = """{indent}#pragma unroll 1
+{indent}for (int it = 0; it < iterations; ++it) {{
 {body}
-    }}
-    __syncthreads();
-    long long end = clock64();
-    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
-    if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
-}}
-"""
-
-
-_KERNEL_TWO = r"""
-extern "C" __global__ void {name}(float* out, long long* cycles, float a, int iterations) {{
-    float x0 = threadIdx.x, x1 = x0 + 1.f, x2 = x0 + 2.f, x3 = x0 + 3.f,
-          x4 = x0 + 4.f, x5 = x0 + 5.f, x6 = x0 + 6.f, x7 = x0 + 7.f;
-    const bool second = ((threadIdx.x >> 5) / {schedulers}) & 1;     // warp w: (w / 4) odd
-    __syncthreads();
-    long long start = clock64();
-    if (second) {{
-        #pragma unroll 1
-        for (int it = 0; it < iterations; ++it) {{
-{body_b}
-        }}
+{indent}}}"""
+# the two-body kernels' set-up and timed part: warp w runs the second body when (w / 4) is odd
+_SECOND = "    const bool second = ((threadIdx.x >> 5) / {schedulers}) & 1;     // warp w: (w / 4) odd\n"
+_TWO = """    if (second) {{
+{loop_b}
     }} else {{
-        #pragma unroll 1
-        for (int it = 0; it < iterations; ++it) {{
-{body_a}
-        }}
-    }}
-    __syncthreads();
-    long long end = clock64();
-    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
-    if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
-}}
-"""
+{loop_a}
+    }}"""
 
 
 def kernel_name(kib: int, streams: int = 1) -> str:
@@ -111,14 +94,17 @@ def body(kib: int, first: int = 1, indent: str = "        ") -> str:
 
 
 def source(sizes_kib=SIZES_KIB) -> str:
-    return "".join(_KERNEL.format(name=kernel_name(k), body=body(k)) for k in sizes_kib)
+    return "".join(_KERNEL.format(name=kernel_name(k), setup="", timed=_LOOP.format(indent="    ", body=body(k)))
+                   for k in sizes_kib)
 
 
 def source_two(sizes_kib=TWO_STREAM_SIZES_KIB) -> str:
     """The two-body kernels: the second body's addends follow the first's, so the two differ
     (ptxas cannot merge them) and each is ffmas(K) FFMAs."""
-    return "".join(_KERNEL_TWO.format(name=kernel_name(k, 2), schedulers=SCHEDULERS,
-                                      body_a=body(k, 1, " " * 12), body_b=body(k, 1 + ffmas(k), " " * 12))
+    def loop(k: int, first: int) -> str:
+        return _LOOP.format(indent=" " * 8, body=body(k, first, " " * 12))
+    return "".join(_KERNEL.format(name=kernel_name(k, 2), setup=_SECOND.format(schedulers=SCHEDULERS),
+                                  timed=_TWO.format(loop_a=loop(k, 1), loop_b=loop(k, 1 + ffmas(k))))
                    for k in sizes_kib)
 
 
