@@ -372,6 +372,14 @@ def _fwd_step(wl: Workload, m: Flash3Blocks, training: bool = False) -> int:
     return fwd_tiles_per_step(wl, m.block_q, m.block_kv, pk.groups * pk.blocks(m.block_q))
 
 
+def _bwd_instructions_per_score(wl: Workload, variant: str) -> float:
+    """The backward main kernel's warp instructions a score the variant issues (cudnn-sm90: Nsight's,
+    fa3-kernel: its SASS's, by head dim); 0.0 where none is counted: FA3's FP32 counting."""
+    if variant == CUDNN:
+        return CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0)
+    return FA3_BWD_INSTRUCTIONS_PER_SCORE.get((wl.head_dim, wl.causal), 0.0) if variant == FA3_KERNEL else 0.0
+
+
 def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: bool, fast: bool = False) -> Program:
     wl = forward_workload(wl, m, training)
     fp8 = _fp8(m)
@@ -387,8 +395,7 @@ def _build(wl: Workload, m: Flash3Blocks, data: AttentionData | None, training: 
     if training:
         _, _, stages_do, wgs_bwd = fa3_backward_tiles(wl.head_dim, wl.causal)
         bwd_step = bwd_tiles_per_step(wl, m.block_q_bwd, m.block_kv_bwd) if fast else 1
-        instructions = CUDNN_BWD_INSTRUCTIONS_PER_SCORE.get(wl.head_dim, 0.0) if m.variant == CUDNN else \
-            FA3_BWD_INSTRUCTIONS_PER_SCORE.get((wl.head_dim, wl.causal), 0.0) if m.variant == FA3_KERNEL else 0.0
+        instructions = _bwd_instructions_per_score(wl, m.variant)
         sdp_passes = CUDNN_BWD_SDP_PASSES.get(wl.head_dim, 1) if m.variant == CUDNN else 1
         return flash3_training(wl, m.block_q, m.block_kv, data, (m.block_q_bwd, m.block_kv_bwd), m.stages,
                                overlap, pingpong, stages_do, wgs_bwd, (fwd_step, bwd_step), registers,

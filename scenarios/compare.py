@@ -95,7 +95,9 @@ def field_limits(source: str) -> dict:
             "time_s": TIME}
 
 
-def _within(v, limit: tuple) -> bool:
+def within(v, limit: tuple) -> bool:
+    """Whether v is a number (not a bool; NaN and infinities not) within `limit`: (whole number?,
+    ">" or ">=", bound)."""
     whole, op, bound = limit
     if not _number(v) or (isinstance(v, float) and not math.isfinite(v)):     # JSON's NaN, Infinity
         return False
@@ -138,7 +140,7 @@ def _check_run(p: Path, i: int, r: dict, source: str = "predicted") -> None:
     checks += [(k, r.get(k), COUNT) for k in ("block_q", "block_kv")]
     checks += [(f"tensors.{name}.{side}", rw.get(side), BYTES) for name, rw in t.items() for side in ("read", "write")]
     for field, value, limit in checks:
-        if value is not None and not _within(value, limit):
+        if value is not None and not within(value, limit):
             whole, op, bound = limit
             raise HbmsimError(f"{p}: runs[{i}] ({describe(r)}): field '{field}' = {value!r} must be a "
                               f"{'whole' if whole else 'finite'} number {op} {bound}")

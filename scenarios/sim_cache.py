@@ -126,13 +126,14 @@ class SimulationCache(ResultsLog):
         except (json.JSONDecodeError, KeyError, TypeError):
             return None
 
+    def _current(self, stored: str) -> str | None:
+        """The configuration key of a stored key ("<hash> <config key>") the current code wrote, else None."""
+        code, _, key = stored.partition(" ")
+        return key if code and code == self._hash(key) else None
+
     def done(self) -> dict:
-        out = {}
-        for stored, results in super().done().items():
-            code, _, key = stored.partition(" ")
-            if code and code == self._hash(key):
-                out[key] = results
-        return out
+        return {key: results for stored, results in super().done().items()
+                if (key := self._current(stored)) is not None}
 
     def append(self, index: int, key: str, results: list) -> None:
         code = self._hash(key)
@@ -144,10 +145,10 @@ class SimulationCache(ResultsLog):
         kept = []
         for line in self.path.read_text().splitlines():
             try:
-                code, _, key = json.loads(line)["key"].partition(" ")
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                stored = json.loads(line)["key"]
+            except (json.JSONDecodeError, KeyError, TypeError):
                 continue
-            if code and code == self._hash(key):
+            if isinstance(stored, str) and self._current(stored) is not None:
                 kept.append(line + "\n")
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(kept))

@@ -24,7 +24,6 @@ configuration is also simulated with each effect of the time model switched off 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import statistics
@@ -37,7 +36,7 @@ from hbmsim.simulator import BASELINE, HbmsimError, TimeModel
 from hbmsim.simulator.host import DEFAULT_HOST, HostStep, call_time_s
 from hbmsim.simulator.time_model import HOST_EFFECTS
 
-from .compare import load
+from .compare import load, within
 from .experiment import Config, Experiment, RunSpec, make_workload, resolve_hardware
 from .kernel_rows import compare_kernels
 from .published import resolve_measured
@@ -181,7 +180,7 @@ def repeats_of(where: str, r: dict) -> tuple | None:
     if not isinstance(times, list):
         raise HbmsimError(f"{where}: field 'times_s' = {times!r} must be a list of seconds")
     for k, t in enumerate(times):
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        if not within(t, (False, ">", 0)):
             raise HbmsimError(f"{where}: field 'times_s[{k}]' = {t!r} must be a finite number > 0 (seconds)")
     return (min(times), statistics.median(times), max(times)) if len(times) >= 2 else None
 
@@ -201,13 +200,10 @@ def check_kernel_rows(where: str, r: dict) -> None:
             raise HbmsimError(f"{at}' = {row!r} must be an object with 'name' and 'time_s'")
         if not isinstance(row.get("name"), str) or not row["name"]:
             raise HbmsimError(f"{at}.name' = {row.get('name')!r} must be a non-empty string")
-        for field, limit in (("time_s", ">= 0"), ("launches", "> 0")):
+        for field, op, optional in (("time_s", ">=", False), ("launches", ">", True)):
             v = row.get(field)
-            if v is None and field == "launches":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                    or (limit == "> 0" and v == 0):
-                raise HbmsimError(f"{at}.{field}' = {v!r} must be a finite number {limit}")
+            if not (v is None and optional) and not within(v, (False, op, 0)):
+                raise HbmsimError(f"{at}.{field}' = {v!r} must be a finite number {op} 0")
 
 
 CALLS = ("one", "back-to-back")

@@ -92,6 +92,13 @@ def _ncu_decode(batch: int, kv_len: int) -> tuple:
 DECODE_NCU = ((1, 1024), (1, 16384), (8, 16384))
 SHORT_CAUSAL = ((64, 128), (64, 256), (64, 512), (128, 128))     # (head dim, N) of ncu-short-causal
 LONG_CAUSAL = ((64, 1024), (64, 4096), (128, 4096))              # and of ncu-causal-long
+# (implementation, head dim, N, causal, pass) of ncu-free-clock
+FREE_CLOCK = (("pytorch", 64, 4096, False, "forward"), ("cudnn", 64, 4096, False, "backward"),
+              ("fa2", 64, 512, True, "forward"))
+
+
+def _free_clock_csv(impl: str, head_dim: int, seq_len: int, causal: bool, pass_name: str) -> str:
+    return f"ncu-{impl}-{head_dim}-{seq_len}{'-causal' if causal else ''}-{pass_name}-free-clock.csv"
 
 
 def _summarise(csvs: tuple, out: str) -> tuple:
@@ -256,14 +263,9 @@ STEPS = (
          "idles, as FA2's compute-bound forward suggests (it leaves nothing dirty under Nsight)?",
          (("{gpu}-l2-store-retention.json", "scenarios/measured/{gpu}-l2-store-retention.json"),)),
     Step("ncu-free-clock", 270, (
-        _ncu_run("ncu-pytorch-64-4096-forward-free-clock.csv", "--ncu", "pytorch", "64", "4096", "false", "forward",
-                 ncu_options=("--clock-control", "none")),
-        _ncu_run("ncu-cudnn-64-4096-backward-free-clock.csv", "--ncu", "cudnn", "64", "4096", "false", "backward",
-                 ncu_options=("--clock-control", "none")),
-        _ncu_run("ncu-fa2-64-512-causal-forward-free-clock.csv", "--ncu", "fa2", "64", "512", "true", "forward",
-                 ncu_options=("--clock-control", "none")),
-        _summarise(("ncu-pytorch-64-4096-forward-free-clock.csv", "ncu-cudnn-64-4096-backward-free-clock.csv",
-                    "ncu-fa2-64-512-causal-forward-free-clock.csv"), "{out}/{gpu}-ncu-free-clock.json")),
+        *(_ncu_run(_free_clock_csv(*run), "--ncu", *map(str, run[:3]), str(run[3]).lower(), run[4],
+                   ncu_options=("--clock-control", "none")) for run in FREE_CLOCK),
+        _summarise(tuple(_free_clock_csv(*run) for run in FREE_CLOCK), "{out}/{gpu}-ncu-free-clock.json")),
          "issue 23: PyTorch's forward, cuDNN's backward (head dim 64, N = 4096) and FA2's causal forward at "
          "N = 512 under Nsight Compute with the clock left free (--clock-control none): the SM clock each kernel "
          "really ran at (sm__cycles_elapsed.avg.per_second). At the locked base clock the softmax forward takes "
